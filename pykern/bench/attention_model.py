@@ -13,9 +13,9 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
   geometry says a step writes to shared memory / the loaders' LDGSTS bytes per trip; other loops inside
   it (one-iteration row loads) count once;
 * shared-memory bytes/MMA: LDSM (.x4 = 512 B a warp), LDS/STS (by width, at least one 128-byte wavefront),
-  LDGSTS (the bytes it writes to shared memory), HGMMA operands read through descriptors (B: 32 N bytes;
-  A: 2 KiB when it is a descriptor too), a quarter to each warp: the four warps of the warpgroup each issue
-  the instruction, the operands are fetched once for the warpgroup;
+  LDGSTS (the bytes it writes to shared memory), HGMMA m64nNk16 / QGMMA m64nNk32 (e4m3) operands read through
+  descriptors (B: 32 N bytes; A: 2 KiB when it is a descriptor too), a quarter to each warp: the four warps of
+  the warpgroup each issue the instruction, the operands are fetched once for the warpgroup;
 * straight-line warp-instructions outside every loop, issued once per warp and CTA;
 * registers and static shared memory from the compiler's resources.
 
@@ -47,6 +47,11 @@ scheduled over the GPU:
 * L2 (l2): the current sm_90a fused backward's bulk reduce-adds (cp.reduce.async.bulk .add.f32, one contiguous
   run of a tile pair's dQ partial, issued by one producer thread, off the consumers' path) at an SM's share of
   the L2 bandwidth (Hardware.l2_bytes_clk: an assumption, no Hopper figure being published).
+
+The FP8 (e4m3) sm_90a forward (`predict(..., fp8=True)`, `fp8_launch`): its QGMMAs counted as above (m64nNk32: 2N/8
+m16n8k16-equivalents of 4096 FLOP a warp) and run at twice the bf16 rate (`Launch.tensor_rate`); its flat loop's
+redo path (`_redo_path`: the exact softmax a tile runs when its lazy one is not accepted) issued by a fraction p of
+the tiles (`Launch.redo_p`; default `fp8_redo_rate`, random scores).
 
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
@@ -166,12 +171,18 @@ class LoopInputs:
     ldsm: int  # LDSM instructions in the body
     smem_bytes: float  # shared-memory bytes the body moves (per warp), inner loops once
     straight: int  # warp-instructions outside every loop (once per warp and CTA)
-    wgmma: bool = False  # HGMMA in the loop: the tensor pipe runs at the full dense rate
+    wgmma: bool = False  # HGMMA or QGMMA in the loop: the tensor pipe runs at the full dense rate
     inner_insns: int = 0  # of insns, those in MMA-free loops inside the body
     mufu: int = 0  # MUFU instructions in the body (the softmax's exp2)
     fma: int = 0  # fp32 FFMA / FADD / FMUL instructions in the body (the FMA pipe)
     exp2_fma: int = 0  # exp2s on the FMA pipe in the body (pk_exp2_fma: one FADD.RM, its floor, each)
     loaders: tuple[LoaderLoop, ...] = ()
+    # the flat loop's redo path (`_redo_path`: the FP8 forward's tile redone with the exact softmax when its lazy
+    # test fails): the code a redone tile issues after the whole body, out of line; 0 where there is none
+    redo_insns: int = 0
+    redo_mufu: int = 0
+    redo_fma: int = 0
+    redo_smem: float = 0.0
 
     def per_step(self, fill_per_warp: float = 0.0) -> tuple[float, float, float]:
         """(warp-instructions, shared bytes, loader trips) of one loop iteration: each loader loop runs
@@ -215,14 +226,15 @@ def smem_bytes(op: str, mods: str, operands: str = "") -> float:
     """Shared-memory bytes one warp-instruction moves (0 for an instruction that does not touch it).
     LDS/STS/LDGSTS: 32 lanes x width, at least one 128-byte wavefront; LDSM: 128 bytes per 8x8 matrix;
     HGMMA m64nNk16: B (N x 16 x 2 bytes) through its descriptor, A (64 x 16 x 2) too unless in registers, one
-    fetch for the warpgroup whose four warps each issue it: a quarter a warp-instruction."""
+    fetch for the warpgroup whose four warps each issue it: a quarter a warp-instruction. QGMMA m64nNk32 (e4m3)
+    reads the same bytes as HGMMA m64nNk16 (32 one-byte k where HGMMA has 16 two-byte ones)."""
     if op in ("LDS", "STS", "LDGSTS"):
         return 32 * _width_bytes(mods)
     if op == "LDSM":
         n = 4 if ".4" in mods else 2 if ".2" in mods else 1
         return 128 * n
-    if op == "HGMMA":
-        m = re.search(r"\.64x(\d+)x16", mods)
+    if op in ("HGMMA", "QGMMA"):
+        m = re.search(r"\.64x(\d+)x(?:16|32)", mods)
         if not m:
             return 0.0
         ops = [o.strip() for o in operands.split(",")]
@@ -310,6 +322,36 @@ def _fast_path(body: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") ->
     return len(best), sum(_insn_smem(body[i]) for i in best)
 
 
+# how far before a flat loop's head a redo path may re-enter it (the few instructions that reset the loop's state)
+REDO_REENTRY_MAX = 16
+
+
+def _redo_path(live: list[tuple[int, str, str, str]], lo: int, hi: int, bra: "re.Pattern[str]"
+               ) -> list[tuple[int, str, str, str]]:
+    """The instructions a tile that leaves the flat loop [lo, hi] by falling through its back branch issues before
+    it re-enters the loop: the block right after the loop up to the first backward branch to the loop's head or at
+    most REDO_REENTRY_MAX instructions before it, plus those re-entry instructions (the FP8 forward's redo: the
+    lazy tile's warp vote fails, the loop falls through to the exact softmax from the kept scores and branches back
+    to the head). Forward branches in the block (the loop's exit when the vote passed) are issued and counted. []
+    when the block meets an MMA, an EXIT or a backward branch elsewhere first (a loop with no such path)."""
+    after = [x for x in live if x[0] > hi]
+    for i, x in enumerate(after):
+        op = x[1]
+        if op in ("EXIT", "RET", "HGMMA", "QGMMA", "HMMA"):
+            return []
+        if op != "BRA":
+            continue
+        b = bra.search(x[3])
+        if not b or int(b.group(1), 16) > x[0]:
+            continue  # a forward branch
+        t = int(b.group(1), 16)
+        entry = [y for y in live if t <= y[0] < lo]
+        if t > lo or len(entry) > REDO_REENTRY_MAX or any(y[1] == "BRA" for y in entry):
+            return []
+        return after[:i + 1] + entry
+    return []
+
+
 def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict] | None = None
                 ) -> LoopInputs | None:
     """The model's SASS inputs of `kernel` from a cuobjdump -sass listing; None when it has no MMA loop.
@@ -347,6 +389,7 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
     def sbytes(xs: Iterable[tuple[int, str, str, str]]) -> float:
         return sum(_insn_smem(x) for x in xs)
 
+    redo = _redo_path(live, lo, hi, sr._BRA) if kind == "flat" else []
     loaders = []
     for l2, h2 in inside:  # outermost inner loops only (a loader nested in another inner loop counts once)
         if any(l3 <= l2 and h2 <= h3 and (l3, h3) != (l2, h2) for l3, h3 in inside):
@@ -358,9 +401,11 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
     return LoopInputs(
         loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for _, op, _, _ in body),
         smem_bytes=sbytes(body), straight=sum(id(x) not in in_loop for x in live),
-        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders),
+        wgmma=any(op in ("HGMMA", "QGMMA") for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders),
         mufu=sum(op == "MUFU" for _, op, _, _ in body), fma=sum(op in ("FFMA", "FADD", "FMUL") for _, op, _, _ in body),
-        exp2_fma=sum(op == "FADD" and ".RM" in mods for _, op, mods, _ in body))
+        exp2_fma=sum(op == "FADD" and ".RM" in mods for _, op, mods, _ in body),
+        redo_insns=len(redo), redo_mufu=sum(op == "MUFU" for _, op, _, _ in redo),
+        redo_fma=sum(op in ("FFMA", "FADD", "FMUL") for _, op, _, _ in redo), redo_smem=sbytes(redo))
 
 
 # ------------------------------------------------------------------------------------------- occupancy
@@ -420,6 +465,14 @@ class Launch:
     # its atomic mode: a query row's D floats per key tile of BC keys, so D / BC a pair; counted from the launch
     # geometry): the calibrated model's "l2 red" term at Calibration.l2_red_clk (the bound has no rate for it)
     l2_atomic_pair: float = 0.0
+    # the tensor pipe's rate as a multiple of the dense bf16 one: 2 for the FP8 forward's e4m3 QGMMA (Hopper's dense
+    # FP8 peak is twice its bf16 one: 1979 vs 989 TFLOP/s on H100 SXM). The MMA count stays in m16n8k16-equivalents
+    # of 4096 FLOP (a QGMMA m64nNk32 is 2 N / 8 of them a warp), so the pipe runs twice as many a clock
+    tensor_rate: float = 1.0
+    # the share of loop iterations that also run the loop's redo path (LoopInputs.redo_*: the FP8 forward's lazy
+    # tile redone exactly when a row max grew); the data's, not the kernel's: fp8_redo_rate gives the random-score
+    # default
+    redo_p: float = 0.0
 
     def schedule(self, costs: Sequence[float], slots: int) -> float:
         """The time the launch's last CTA ends, costs being one group's CTAs (or work tiles) in order."""
@@ -674,6 +727,52 @@ def ping_pong(head_dim: int, build: str = "current") -> bool:
     return bool(h.PING_PONG.get(fw.tc_head_dim(head_dim), False))
 
 
+# The FP8 forward's redo rate over random scores (docs/attention_sm90.md, "FP8 forward": a model of the lazy tile's
+# acceptance on the test's fp8_inputs, one 128-query tile, reverse tile order): the share of steady tiles a warp
+# redoes because one of its rows found a new max, by keys. The upper end of each documented range (83-86% at 1024
+# keys, 39-65% at 4096, 29% at 16384): the bound of random inputs with the most redo work. Rows peaked on a few keys
+# redo fewer tiles; the rate is the data's, not the kernel's.
+FP8_REDO = {1024: 0.86, 4096: 0.65, 16384: 0.29}
+
+
+def fp8_redo_rate(seq: int) -> float:
+    """FP8_REDO at seq keys: linear in log2(seq) between its points, its end values beyond them."""
+    import math
+
+    pts = sorted(FP8_REDO.items())
+    if seq <= pts[0][0]:
+        return pts[0][1]
+    for (n0, p0), (n1, p1) in zip(pts, pts[1:]):
+        if seq <= n1:
+            f = (math.log2(seq) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+            return p0 + f * (p1 - p0)
+    return pts[-1][1]
+
+
+def fp8_launch(s: Shape, kernels: Sequence[str], redo: float | None = None) -> tuple[list[Launch], str]:
+    """The FP8 forward's launch (kernels_cu/attention_fwd_fp8_sm90.cu, attention_fwd_sm90_d{64,128,256}_fp8): the
+    bf16 kernel's CTA (ROWS queries, a producer warpgroup and two consumer warpgroups) over key tiles of
+    FP8_KEYS[d], one a loop iteration, fp8_shared_bytes(d) of shared memory, a grid of every query tile (not
+    persistent; causal: longest first), the tensor pipe at the FP8 rate (tensor_rate 2), and a fraction `redo` of
+    the steady tiles (None: fp8_redo_rate(seq)) running the loop's redo path. HBM: q, k, v one byte an element,
+    out bf16, lse fp32. ([], why) where there is no such kernel."""
+    from ..ops import _attention_sm90 as h
+
+    d = s.head_dim
+    name = h.fp8_kernel_name(d) if d in h.FP8_HEAD_DIMS else f"attention_fwd_sm90_d{d}_fp8"
+    if s.dv != d or d not in h.FP8_HEAD_DIMS or name not in kernels:
+        return [], f"no {name} kernel (head_dim == head_dim_v in {h.FP8_HEAD_DIMS})"
+    p = fp8_redo_rate(s.seq) if redo is None else float(redo)
+    if not 0.0 <= p <= 1.0:
+        raise ArgumentError(f"redo: expected a rate in [0, 1], got {redo!r}")
+    b = _bytes(s)
+    bc = h.FP8_KEYS[d]
+    return [Launch(name, "attention_fwd_fp8_sm90.cu", "sm_90a", h.THREADS, h.fp8_shared_bytes(d),
+                   tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, d, 2,
+                   (b["q"] + b["k"] + b["v"]) // 2 + b["o"] + b["row"], (h.ROWS, bc),
+                   mma_warps=(h.THREADS - 128) // 32, tensor_rate=2.0, redo_p=p)], ""
+
+
 # SM clocks one link of the _det fused kernel's semaphore chain adds: the releasing CTA's red.release reaching L2
 # and the next CTA's polling ld.acquire reading it (two L2 round trips, about 600 clocks each on H100 by published
 # microbenchmarks), plus the named-barrier hand-off to the consumers. An assumption, not a measurement.
@@ -682,7 +781,7 @@ SEM_LINK_CLK = 1500
 
 def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = False, varlen: bool = False,
                   build: str = "current", dq_mode: str = "atomic", hw: Hardware | None = None,
-                  dq_bulk: bool = True) -> tuple[list[Launch], str]:
+                  dq_bulk: bool = True, fp8: bool = False, redo: float | None = None) -> tuple[list[Launch], str]:
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why).
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
@@ -697,10 +796,18 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     accumulator's lines read once and written back once when the accumulator runs the CTAs in flight add into fit
     `hw`'s L2 (default: the H100's, the smaller), else every add's (as the REDs were charged). dq_bulk=False charges
     them as per-float REDs to HBM (what the model counted before the kernel sent them in bulk: the "before" of
-    format_bulk_dq)."""
+    format_bulk_dq). fp8: the FP8 forward (fp8_launch; redo its redo rate, None: fp8_redo_rate(seq))."""
     from ..ops import _attention_sm90 as h
     from ..ops import attention as fw
 
+    if fp8:
+        if phase != "fwd" or softcap or varlen:
+            raise ArgumentError(f"fp8: the model covers the dense FP8 forward only, got phase={phase!r}, "
+                                f"softcap={softcap}, varlen={varlen}")
+        _check_build(build)
+        if build == MEASURED_BUILD:
+            return [], f"the {build} build had no FP8 forward"
+        return fp8_launch(s, kernels, redo)
     if dq_mode not in DQ_MODES:
         raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
 
@@ -899,6 +1006,9 @@ def _launch_rates(lau: Launch, k: KernelInputs,
     if occ.ctas == 0:
         raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
     insns_step, smem_step, trips = loop.per_step(lau.fill / lau.loop_warps)
+    # a redone tile issues the whole body and then its redo path: a fraction redo_p of the steps
+    insns_step += lau.redo_p * loop.redo_insns
+    smem_step += lau.redo_p * loop.redo_smem
     n_ctas = len(lau.ctas) * lau.groups
     return (-(-lau.threads // 32), occ, 1.0 if loop.wgmma else hw.mma_sync_fraction, insns_step / loop.mma,
             smem_step / loop.mma, 2.0 * lau.pair_dims / MMA_FLOP, trips, n_ctas,
@@ -917,9 +1027,9 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     terms_clk: dict[str, Callable[[float], float]] = {
         "issue": lambda m: (m * per_mma + warps * loop.straight) / hw.issue_clk,
         "smem": lambda m: m * smem_per_mma / hw.smem_bytes_clk,
-        "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac),
-        "mufu": lambda m: m * loop.mufu / loop.mma * 32 / hw.mufu_clk,
-        "fma": lambda m: m * loop.fma / loop.mma * 32 / hw.fma_clk,
+        "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac * lau.tensor_rate),
+        "mufu": lambda m: m * (loop.mufu + lau.redo_p * loop.redo_mufu) / loop.mma * 32 / hw.mufu_clk,
+        "fma": lambda m: m * (loop.fma + lau.redo_p * loop.redo_fma) / loop.mma * 32 / hw.fma_clk,
     }
     if lau.l2_red_pair:  # the bulk reduce-adds: an SM's share of the L2 bandwidth
         terms_clk["l2"] = lambda m: m / per_pair_mma * lau.l2_red_pair * hw.sms / hw.l2_bytes_clk
@@ -1068,6 +1178,8 @@ class Prediction:
     loop_note: str = ""
     dq_mode: str = ""  # the fused backward's dQ mode ("atomic" | "deterministic"); "" where none applies
     kind: str = ""  # the sm_90a backward's kernels: "" dense, "softcap", "varlen" or "softcap varlen"
+    dtype: str = "bf16"  # the inputs' type: "bf16", or "e4m3" (the FP8 forward; pct_peak then of the FP8 peak)
+    redo: float | None = None  # the FP8 forward's redo rate p (Launch.redo_p); None for the bf16 kernels
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -1084,10 +1196,14 @@ def _short(kernel: str) -> str:
 
 
 def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None, variant: str = "mma.sync",
-            dq_mode: str = "atomic", softcap: bool = False, varlen: bool = False) -> Prediction:
+            dq_mode: str = "atomic", softcap: bool = False, varlen: bool = False, fp8: bool = False,
+            redo: float | None = None) -> Prediction:
     """Modelled bound of the bf16 tensor-core attention op `phase` at `shape` on the part of `arch`.
     arch "sm_90a" (or variant "wgmma" on sm_90): the Hopper wgmma kernels; "sm_80" / "sm_90": the mma.sync ones.
-    dq_mode: the fused mma.sync backward's dQ ("atomic" or "deterministic")."""
+    dq_mode: the fused mma.sync backward's dQ ("atomic" or "deterministic"). fp8: the e4m3 forward on sm_90a
+    (fp8_launch: the tensor pipe at the FP8 rate, its redo path at rate `redo`, None: fp8_redo_rate(seq)); its
+    TFLOP/s counted as the bf16 forward's (useful_flops, as FlashAttention-3 counts FP8), pct_peak of the FP8 peak
+    (twice the bf16 one)."""
     shape.check()
     hw = hardware(arch)
     sass = sass or SassSource()
@@ -1096,9 +1212,12 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
     if variant == "wgmma":
         if hw.arch != "sm_90":
             raise ArgumentError(f"variant: wgmma kernels are sm_90a kernels, not for {arch}")
-        lts, why = sm90_launches(phase, shape, list(sass.kernels()), softcap, varlen, dq_mode=dq_mode, hw=hw)
+        lts, why = sm90_launches(phase, shape, list(sass.kernels()), softcap, varlen, dq_mode=dq_mode, hw=hw,
+                                 fp8=fp8, redo=redo)
         if not lts:
             raise ArgumentError(f"variant: wgmma: {why}")
+    elif fp8:
+        raise ArgumentError(f"fp8: the FP8 forward is an sm_90a (wgmma) kernel, not variant {variant!r}")
     elif variant == "mma.sync":
         lts = launches(phase, shape, dq_mode)
     else:
@@ -1125,8 +1244,11 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
     note = "; ".join(sorted({f"{_short(i['kernel'])}: {'flat loop' if i['loop'] == 'flat' else 'no flat loop, innermost MMA loop'}"
                              for i in inputs}))
     label = "sm_90a" if variant == "wgmma" else hw.arch
-    pred = Prediction(label, hw.part, phase, shape, variant, t, fl / t / 1e12, 100 * fl / t / hw.peak, binding,
+    peak = hw.peak * (lts[0].tensor_rate if fp8 else 1.0)
+    pred = Prediction(label, hw.part, phase, shape, variant, t, fl / t / 1e12, 100 * fl / t / peak, binding,
                       rows, inputs, note)
+    if fp8:
+        pred.dtype, pred.redo = "e4m3", lts[0].redo_p
     pred.kind = " ".join(n for n, on in (("softcap", softcap), ("varlen", varlen)) if on)
     pred.dq_mode = dq_mode if (phase == "bwd" and variant == "mma.sync" and shape.head_dim in _fused_dims()) \
         or sm90_fused else ""
@@ -1263,6 +1385,73 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------- the FP8 forward
+# head_dims of the FP8 forward's table (pykern.ops._attention_sm90.FP8_HEAD_DIMS)
+FP8_TABLE_HEAD_DIMS = (64, 128, 256)
+
+
+def fp8_table_rows(shapes: Sequence[Shape] | None = None, sass: SassSource | None = None,
+                   redo: float | None = None) -> dict[str, Any]:
+    """The FP8 forward's modelled bound (predict(..., fp8=True)) on the H100's sm_90a part at `shapes` (default:
+    the table's seqs and hidden size at FP8_TABLE_HEAD_DIMS, causal and not), each at redo rate `redo` (None:
+    fp8_redo_rate(seq)). Shapes without an FP8 kernel are skipped with why."""
+    sass = sass or SassSource()
+    shapes = list(shapes) if shapes is not None else default_shapes(head_dims=FP8_TABLE_HEAD_DIMS)
+    preds, skipped = [], {}
+    for s in shapes:
+        lts, why = fp8_launch(s, list(sass.kernels()), redo)
+        if not lts:
+            skipped[f"sm_90a fwd e4m3 d{s.label}"] = why
+            continue
+        preds.append(predict("sm_90a", "fwd", s, sass, fp8=True, redo=redo))
+    return {"hardware": {"sm_90a": {**hardware("sm_90a").to_dict(), "arch": "sm_90a",
+                                    "fp8_peak": 2 * hardware("sm_90a").peak}},
+            "predictions": [p.to_dict() for p in preds], "skipped": skipped}
+
+
+def format_fp8_table(doc: dict[str, Any]) -> str:
+    """The FP8 forward's table: its kernels' SASS inputs (the steady loop and its redo path), then per shape the
+    modelled bound at its redo rate p, with the tensor, mufu and issue terms."""
+    hw = doc["hardware"]["sm_90a"]
+    lines = ["Modelled bound of pykern's FP8 (e4m3) attention forward, sm_90a (no faster than this at redo rate p; from",
+             "our SASS, the ops' launch geometry and published rates; nothing calibrated from a measured speed).",
+             f"sm_90a: {hw['part']}, {hw['sms']} SMs at {hw['clock_hz'] / 1e6:.0f} MHz, {hw['fp8_peak'] / 1e12:.0f} "
+             f"TFLOP/s dense e4m3 (QGMMA: twice the {hw['peak'] / 1e12:.0f} bf16), {hw['mufu_clk']} MUFU results/clk/SM, "
+             f"{hw['hbm_bytes_s'] / 1e12:.2f} TB/s",
+             "MMAs in m16n8k16-equivalents of 4096 FLOP (a QGMMA m64nNk32 is 2N/8 a warp), run at twice the bf16 rate.",
+             "SASS inputs per warp and loop iteration (one key tile): the flat loop (static), and the redo path a tile",
+             "issues after it when its lazy softmax is not accepted (a row max grew: the exact softmax from the kept",
+             "scores), taken by a fraction p of the tiles.",
+             f"{'kernel':30s} {'MMA':>5s} {'static':>6s} {'redo':>5s} {'mufu':>5s} {'redo mufu':>9s} {'fma':>5s} "
+             f"{'redo fma':>8s} {'smem B':>7s} {'straight':>8s} {'regs':>4s} {'smem':>7s} {'CTAs/SM':>7s}"]
+    seen = set()
+    for p in doc["predictions"]:
+        for i in p["inputs"]:
+            if i["kernel"] in seen:
+                continue
+            seen.add(i["kernel"])
+            lines.append(f"{i['kernel']:30s} {i['mma']:5.0f} {i['insns']:6d} {i['redo_insns']:5d} {i['mufu']:5d} "
+                         f"{i['redo_mufu']:9d} {i['fma']:5d} {i['redo_fma']:8d} {i['smem_bytes']:7.0f} "
+                         f"{i['straight']:8d} {i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d}")
+    lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention-3's count for FP8: the bf16 forward's, 4 pairs d),",
+              "batch = 16384 / seq, hidden 2048; % of the dense e4m3 peak; p: the redo rate (default: random scores,",
+              "fp8_redo_rate); terms: one launch's tensor / mufu / issue / smem time. Binding: the largest term (= the",
+              "terms within 0.5% of it: a tie).",
+              f"{'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} {'p':>5s} {'ms':>8s} {'TFLOP/s':>8s} "
+              f"{'% peak':>6s} {'tensor us':>9s} {'mufu us':>8s} {'issue us':>8s} {'smem us':>8s}  binding term"]
+    for p in doc["predictions"]:
+        s = p["shape"]
+        t = p["kernels"][0]["terms_s"]
+        ties = [n for n in t if n != p["binding"] and t[n] >= 0.995 * t[p["binding"]]]
+        lines.append(f"{s['head_dim']:4d} {str(s['causal']):>6s} {s['seq']:6d} {s['batch']:5d} {s['heads']:5d} "
+                     f"{p['redo']:5.2f} {p['time_s'] * 1e3:8.3f} {p['tflops']:8.0f} {p['pct_peak']:6.1f} "
+                     f"{t['tensor'] * 1e6:9.0f} {t['mufu'] * 1e6:8.0f} {t['issue'] * 1e6:8.0f} {t['smem'] * 1e6:8.0f}  "
+                     f"{' = '.join([p['binding'], *ties])}")
+    for k, why in doc.get("skipped", {}).items():
+        lines.append(f"skipped {k}: {why}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------- calibrated model
 # The bound above takes every term of a CTA to overlap the others. The measured kernels do not: Nsight Compute on
 # the sm_90a d128 forward (2026-11-27) shows the tensor pipe 60% active and 36.7% of issue gaps at a CTA barrier,
@@ -1383,7 +1572,8 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
     for p in lau.ctas:
         m = p * per_pair_mma
         t = {"issue": (m * per_mma + warps * loop.straight) / hw.issue_clk, "smem": m * smem_per_mma / hw.smem_bytes_clk,
-             "tensor": m * MMA_FLOP / (hw.tensor_flop_clk * frac), "mufu": m * loop.mufu / loop.mma * 32 / hw.mufu_clk}
+             "tensor": m * MMA_FLOP / (hw.tensor_flop_clk * frac * lau.tensor_rate),
+             "mufu": m * (loop.mufu + lau.redo_p * loop.redo_mufu) / loop.mma * 32 / hw.mufu_clk}
         if lau.l2_red_pair:  # the bulk dQ reduce-adds: one more SM term (its own path to L2, no consumer issue slot)
             t["l2"] = p * lau.l2_red_pair * hw.sms / hw.l2_bytes_clk
         if lau.l2_atomic_pair and cal.l2_red_clk:  # the fused mma.sync backward's dQ REDs at an SM's share
@@ -1654,7 +1844,8 @@ def format_bulk_dq(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BULK_DQ_HEAD_DIMS", "bulk_dq_rows", "format_bulk_dq", "FITTED", "H200", "MEASURED", "MEASURED_SASS", "SassSnapshot", "sass_for", "Calibration", "calibrated", "compare", "fit", "measured_points", "format_compare", "HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
+__all__ = ["FP8_REDO", "FP8_TABLE_HEAD_DIMS", "fp8_launch", "fp8_redo_rate", "fp8_table_rows", "format_fp8_table",
+           "BULK_DQ_HEAD_DIMS", "bulk_dq_rows", "format_bulk_dq", "FITTED", "H200", "MEASURED", "MEASURED_SASS", "SassSnapshot", "sass_for", "Calibration", "calibrated", "compare", "fit", "measured_points", "format_compare", "HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
            "Shape", "DQ_MODES", "default_shapes", "format_table", "hardware", "kernel_bound", "launches", "loop_inputs",
            "makespan", "memory_kernels", "occupancy", "predict", "sm90_launches", "smem_bytes", "table_rows",
            "useful_flops"]

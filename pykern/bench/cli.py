@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
             "per kernel its SASS inputs (instructions and ldmatrix per MMA of its loop, registers, shared memory,\n"
             "CTAs per SM) and per shape the predicted TFLOP/s with the binding term (issue, shared memory, tensor\n"
             "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; the bound is\n"
-            "calibrated from no measured speed).\n\n"
+            "calibrated from no measured speed).\n"
+            "--attention-model --fp8 prints the FP8 (e4m3) sm_90a forward's bound instead (head_dim 64 / 128 / 256):\n"
+            "QGMMA at twice the bf16 rate, its lazy tile's redo path at the random-score redo rate p of each row.\n\n"
             f"--attention-model --compare [JSON] prints the calibrated model (the bound plus {cw['count']} constants for what\n"
             "does not overlap, fitted to our own H200 measurements of 2026-11-27, never to a peer's) beside each\n"
             "pykern measurement of an attention.json (default docs/measured/2026-11-27-h200/attention.json): measured,\n"
@@ -108,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"with --attention-model: refit {cw['fitted']} of the calibrated model's {cw['count']} "
                         f"constants (held: {cw['held']}) to the pykern rows of this attention.json (never a peer's) "
                         "and print them with the comparison")
+    p.add_argument("--fp8", action="store_true",
+                   help="with --attention-model: the FP8 (e4m3) sm_90a forward's modelled bound instead (d64 / d128 / "
+                        "d256, seq 1K-16K, causal and not; the tensor pipe at the FP8 rate, its lazy tile's redo path "
+                        "at the random-score redo rate p, named in each row)")
     p.add_argument("--bulk-dq", action="store_true",
                    help="with --attention-model: the current sm_90a fused backward under the calibrated model, its "
                         "dQ partials as per-float REDs (before) and as its bulk reduce-adds into L2 (after); a "
@@ -212,6 +218,18 @@ def _annotate(rows: list[dict[str, Any]], selected: Sequence[tuple[suite.Case, s
 def _attention_model(args: argparse.Namespace) -> int:
     from . import attention_model as am
 
+    if args.fp8:
+        try:
+            doc = am.fp8_table_rows()
+        except Exception as e:  # no cuobjdump, no NVRTC: today's SASS cannot be read here
+            print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        if args.json:
+            print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": "attention-fp8", **doc},
+                             indent=1))
+        else:
+            print(am.format_fp8_table(doc))
+        return EXIT_OK
     if args.bulk_dq:
         try:
             rows = am.bulk_dq_rows()
