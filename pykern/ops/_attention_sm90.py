@@ -101,13 +101,13 @@ def forward_grid(d: int, n_tiles: int, n_q: int, n_k: int, wl: int, wr: int, sms
 
 def padded_dim(d: int) -> int | None:
     """The compiled head dim of the dense forward that serves head_dim == head_dim_v == d: d itself in HEAD_DIMS,
-    else the next one up (d <= 64 -> 64, <= 96 -> 96, <= 128 -> 128, else 256) for d a multiple of 8 up to 256
-    (FlashAttention-3's rounding); None for any other d. The kernel runs at the compiled dim over tensor maps of
-    the true d: the TMA loads zero-fill the box columns past d (zero columns add nothing to Q K^T and give zero
-    columns of P V) and the epilogue's TMA store writes only the columns below d. The kernel takes no head-dim
-    parameter (every global access of the dense form goes through the maps, lse is per row), so nothing else
-    changes. The varlen and paged epilogues store D columns a row with generic stores (past d they would write
-    into the next head): those keep their exact head dims."""
+    else the next one up (d <= 64 -> 64, <= 96 -> 96, <= 128 -> 128, else 256) for d a multiple of 8 up to 256 (as
+    FlashAttention-3 rounds up to its compiled head dims); None for any other d. The kernel runs at the compiled
+    dim over tensor maps of the true d: the TMA loads zero-fill the box columns past d (zero columns add nothing
+    to Q K^T and give zero columns of P V) and the epilogue's TMA store writes only the columns below d. The
+    kernel takes no head-dim parameter (every global access of the dense form goes through the maps, lse is per
+    row), so nothing else changes. The varlen and paged epilogues store D columns a row with generic stores
+    (past d they would write into the next head): those keep their exact head dims."""
     if d in HEAD_DIMS:
         return d
     if d % 8 or not 8 <= d <= 256:  # a multiple of 8: the maps' row strides (d * 2 bytes) stay 16-byte multiples
@@ -166,9 +166,10 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
                 scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
     """Run attention_fwd_sm90_<shape>[_softcap]{suffix} (`kernel_name`; <shape> from `forward_shape`: a head_dim
     == head_dim_v that is a multiple of 8 up to 256 runs the next compiled kernel up, over tensor maps of the true
-    head dim) when `usable` and the arrays suit TMA (16-byte aligned bases); False (nothing launched) otherwise. q, k contiguous (batch, n, heads, head_dim), v
-    (batch, n_k, kv_heads, head_dim_v); out (batch, n_q, heads, head_dim_v) contiguous, written by TMA stores
-    (each consumer warpgroup's 64 rows of a query tile, one box per `box(d_v)` head-dim columns: OUT_ROWS)."""
+    head dim) when `usable` and the arrays suit TMA (16-byte aligned bases); False (nothing launched) otherwise. q,
+    k contiguous (batch, n, heads, head_dim), v (batch, n_k, kv_heads, head_dim_v); out (batch, n_q, heads,
+    head_dim_v) contiguous, written by TMA stores (each consumer warpgroup's 64 rows of a query tile, one box per
+    `box` head-dim columns of the kernel's head_dim_v: OUT_ROWS)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
