@@ -356,6 +356,23 @@ def test_sm90_launches_follow_the_hopper_geometry():
     assert am.sm90_launches("bwd", am.Shape(1, 1, 64, 256, False), names)[0] == []
 
 
+def test_sm90_forward_at_a_head_dim_between_the_compiled_ones_runs_the_next_one_up():
+    # as the op dispatches (pykern.ops._attention_sm90.padded_dim): d80 on the d96 kernel, its MMA work at 96
+    # columns, its HBM bytes at 80 (the TMA reads no zero-filled column); head dims off the multiples of 8 decline
+    from pykern.ops import _attention_sm90 as h
+
+    names = ["attention_fwd_sm90_d96_bf16", "attention_fwd_sm90_d256_bf16"]
+    (l80,), why = am.sm90_launches("fwd", am.Shape(1, 16, 1024, 80, True), names)
+    (l96,), _ = am.sm90_launches("fwd", am.Shape(1, 16, 1024, 96, True), names)
+    assert why == "" and l80.kernel == l96.kernel == "attention_fwd_sm90_d96_bf16" and l80.head_dim == 96
+    assert (l80.ctas, l80.step, l80.smem) == (l96.ctas, l96.step, h.shared_bytes(96))
+    assert l80.hbm_bytes == l96.hbm_bytes - 16 * 1024 * 16 * 2 * 4  # q, k, v, out at 80 columns, not 96
+    (l160,), _ = am.sm90_launches("fwd", am.Shape(1, 16, 1024, 160, False), names)
+    assert l160.kernel == "attention_fwd_sm90_d256_bf16" and l160.head_dim == 256
+    lts, why = am.sm90_launches("fwd", am.Shape(1, 16, 1024, 84, False), names)
+    assert lts == [] and "no attention_fwd_sm90_d96_bf16" in why
+
+
 # ------------------------------------------------------------------------------------------- real kernels
 @pytest.fixture(scope="module")
 def sass():

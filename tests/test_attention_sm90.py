@@ -101,7 +101,8 @@ def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     ops.flash_attention(q, k, v, causal=True, backend=HOST)
     ops.flash_attention(q, k, v, causal=True, softcap=30.0, backend=HOST)  # softcap: sm_90a too
     ops.flash_attention(q[..., :96].copy(), k[..., :96].copy(), v[..., :96].copy(), backend=HOST)  # d96: sm_90a too
-    ops.flash_attention(q[..., :80].copy(), k[..., :80].copy(), v[..., :80].copy(), backend=HOST)  # d80: padded
+    # d80: the d96 kernel over maps of 80 columns (sm90.padded_dim)
+    ops.flash_attention(q[..., :80].copy(), k[..., :80].copy(), v[..., :80].copy(), backend=HOST)
     ops.flash_attention(q, k, v[..., :64].copy(), backend=HOST)  # head_dim_v != head_dim (but 192 / 128)
     # a base that is not 16-byte aligned cannot be a TMA source: the mma.sync kernel takes it
     buf = np.zeros(q.size + 1, q.dtype)
@@ -111,7 +112,7 @@ def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     ops.flash_attention(q, k, v, causal=True, backend=HOST)  # not playing Hopper
     assert names == ["attention_fwd_sm90_d128_bf16", "attention_fwd_sm90_d128_softcap_bf16",
-                     "attention_fwd_sm90_d96_bf16", "attention_fwd_tc_d96_bf16", "attention_fwd_tc_pad_d128_bf16",
+                     "attention_fwd_sm90_d96_bf16", "attention_fwd_sm90_d96_bf16", "attention_fwd_tc_pad_d128_bf16",
                      "attention_fwd_tc_pad_d128_bf16", "attention_fwd_tc_d128_bf16"]
 
 
@@ -166,6 +167,77 @@ def test_forward_sm90_softcap_and_192_128_vs_float64(shape, dtype, monkeypatch) 
     ref_out, ref_lse = np_flash_attention(q, k, v, causal, scale, window, cap)
     close("out", out, ref_out, "flash_attention", dtype)
     check_lse(lse, ref_lse)
+
+
+# head dims between the compiled ones (head_dim == head_dim_v a multiple of 8 up to 256): the next compiled kernel up
+# (sm90.padded_dim) over tensor maps of the true head dim, whose loads zero-fill the box columns past it and whose
+# TMA store writes only the columns below it (a store past them would overwrite the next head's first columns of
+# out, which the float64 comparison covers): (batch, n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap)
+PAD_SHAPES = [
+    (1, 130, 200, 4, 2, 80, False, (-1, -1), 0.0),   # -> d96 (3 boxes of 32, the last 16 columns in bounds); GQA 2
+    (1, 150, 140, 2, 1, 112, True, (-1, -1), 0.0),   # -> d128 (the second 64-column box 48 in bounds), GQA 2
+    (1, 70, 90, 2, 1, 40, True, (-1, -1), 2.0),      # -> d64_softcap (one box, 40 in bounds)
+    (1, 70, 150, 2, 2, 160, False, (30, 10), 0.0),   # -> d256, window (the fourth box wholly past the head dim)
+    (2, 60, 80, 2, 1, 80, True, (-1, -1), 3.0),      # -> d96_softcap, batch 2
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", PAD_SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-w{},{}-cap{}".format(
+    *s[:6], "causal" if s[6] else "full", *s[7], s[8]))
+def test_forward_sm90_head_dims_between_the_compiled_ones_vs_float64(shape, dtype, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, causal, window, cap = shape
+    rng = np.random.default_rng(n_q * 1000 + n_k + d)
+    q, k, v = fa_inputs(rng, b, n_q, n_k, h, kvh, d, d, dtype)
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q, k, v, causal=causal, window_size=window, softcap=cap, return_lse=True,
+                                   backend=HOST)
+    pd = {40: 64, 80: 96, 112: 128, 160: 256}[d]
+    assert sm90.padded_dim(d) == pd
+    assert names == [f"attention_fwd_sm90_d{pd}{'_softcap' if cap else ''}_{dtype}"]
+    assert np.asarray(out).shape == (b, n_q, h, d)
+    # the reference's scale is the true 1 / sqrt(d), as the op passes it
+    ref_out, ref_lse = np_flash_attention(q, k, v, causal, None, window, cap)
+    close("out", out, ref_out, "flash_attention", dtype)
+    check_lse(lse, ref_lse)
+
+
+def test_padded_head_dims_and_where_they_do_not_apply(monkeypatch) -> None:
+    # every multiple of 8 up to 256 has a dense kernel (the next compiled one up); other head dims, head_dim_v !=
+    # head_dim off 192 / 128, the varlen form and the backward keep their exact shapes
+    assert [sm90.padded_dim(d) for d in (8, 64, 72, 96, 104, 128, 136, 248, 256)] == [64, 64, 96, 96, 128, 128, 256,
+                                                                                    256, 256]
+    assert [sm90.padded_dim(d) for d in (0, 4, 36, 81, 264)] == [None] * 5
+    assert sm90.forward_shape(192, 128) == (192, 128) and sm90.forward_shape(80, 80) == (96, 96)
+    assert sm90.forward_shape(80, 64) is None and sm90.forward_shape(192, 192) == (256, 256)
+    rng = np.random.default_rng(11)
+    q, k, v = fa_inputs(rng, 1, 20, 30, 2, 1, 36, 36, "bf16")  # 36: not a multiple of 8 (72-byte rows)
+    names = _record(monkeypatch)
+    ops.flash_attention(q, k, v, backend=HOST)
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    ops.flash_attention(q[..., :32].copy(), k[..., :32].copy(), v[..., :32].copy(), backend=HOST)
+    assert names == ["attention_fwd_tc_pad_d64_bf16", "attention_fwd_tc_pad_d64_bf16"]
+
+
+def test_torch_autograd_at_d80_sm90_forward_mma_sync_backward(monkeypatch) -> None:
+    """pykern.torch at head_dim 80 on sm_90a: the d96 sm_90a forward (80-column maps), the mma.sync d96 backward
+    (no sm_90a backward at d80) from the forward's out and lse; out and the gradients equal float64."""
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+    from pykern.difftest.cases.attention import np_attention_backward
+
+    names = _record(monkeypatch)
+    gen = torch.Generator().manual_seed(80)
+    q = torch.randn(1, 90, 4, 80, generator=gen).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 110, 2, 80, generator=gen).bfloat16().requires_grad_() for _ in range(2))
+    go = torch.randn(1, 90, 4, 80, generator=gen).bfloat16()
+    out = pt.flash_attention(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    assert names[0] == "attention_fwd_sm90_d96_bf16" and not any("sm90" in n for n in names[1:]), names
+    arrs = [t.detach().float().numpy().astype(ml_dtypes.bfloat16) for t in (q, k, v, go)]
+    close("out", out.detach().float().numpy(), np_flash_attention(*arrs[:3], True)[0], "flash_attention", "bf16")
+    for name, got, want in zip(("dq", "dk", "dv"), grads, np_attention_backward(*arrs, causal=True)):
+        close(name, got.float().numpy(), want, "attention_backward", "bf16")
 
 
 def test_softcap_changes_the_result_and_matches_its_own_reference(monkeypatch) -> None:

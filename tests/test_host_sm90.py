@@ -202,6 +202,30 @@ def test_tma_load_lands_swizzled_and_reads_back(span: int) -> None:
     np.testing.assert_array_equal(dst, exp)  # the TMA store un-swizzles on the way back
 
 
+@pytest.mark.parametrize("span", [64, 128])
+def test_tma_box_past_the_innermost_dim_loads_zeros_and_stores_only_in_bounds(span: int) -> None:
+    # A box wider than the map's innermost dim (the sm_90a forward at a head dim below its kernel's: 80 columns
+    # under d96's boxes): the load fills the columns past it with zeros and counts the whole box's bytes on the
+    # mbarrier (the GPU's complete_tx), the store writes only the in-bounds columns: the row's bytes after them (the
+    # next head's columns in a (.., heads, head_dim) array) keep their values.
+    rows, row_bytes = 16, span
+    cols, inb = row_bytes // 2, row_bytes // 2 - 8  # 24 / 56 columns in bounds (rows of 48 / 112 bytes)
+    src = np.arange(40 * inb, dtype=np.uint16).reshape(40, inb)
+    ld = make_tensor_map(src, (rows, cols), f"{span}B", backend="host")
+    wide = np.full((40, inb + 8), 0xBEEF, np.uint16)  # the store's map covers the first inb columns of each row
+    st = make_tensor_map(wide[:, :inb], (rows, cols), f"{span}B", backend="host")
+    raw = np.zeros(rows * row_bytes, np.uint8)
+    tile = np.zeros(rows * row_bytes, np.uint8)
+    launch("pk_sm90_tma_box", 1, 64, ld, st, raw, tile, rows, row_bytes, {64: 2, 128: 1}[span],
+           shared_mem=rows * row_bytes)
+    want = np.zeros((rows, cols), np.uint16)
+    want[:, :inb] = src[:rows]
+    np.testing.assert_array_equal(tile.view(np.uint16).reshape(rows, cols), want)
+    exp = np.full_like(wide, 0xBEEF)
+    exp[:rows, :inb] = src[:rows]
+    np.testing.assert_array_equal(wide, exp)
+
+
 def test_tensor_map_checks_arguments_as_the_driver_does() -> None:
     a = np.zeros((64, 64), ml_dtypes.bfloat16)
     with pytest.raises(ArgumentError, match="box: with a 64B swizzle .* at most 64 bytes"):

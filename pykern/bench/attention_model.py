@@ -822,9 +822,12 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         if softcap or varlen:
             raise ArgumentError(f"softcap / varlen: the model covers the dense forward only, got softcap={softcap}, "
                                 f"varlen={varlen}")
+        # a head dim between the compiled ones runs the next one up (h.padded_dim, as the op dispatches): the
+        # kernel's MMA work at D, the HBM bytes at the true head dim (the TMA does not read the zero-filled columns)
+        D = h.padded_dim(d) or D
         name = f"attention_fwd_sm90_d{D}_bf16"
-        if s.head_dim not in h.HEAD_DIMS or name not in kernels:
-            return [], f"no {name} kernel (head_dims {h.HEAD_DIMS})"
+        if h.padded_dim(d) is None or name not in kernels:
+            return [], f"no {name} kernel (head_dims {h.HEAD_DIMS}, and the multiples of 8 between them)"
         bc = h._CFG[D][0]
         # the current build's causal grid at the PERSISTENT head dims: SMs x CTAs/SM CTAs walking the work tiles
         # longest first (its tail: the short tiles fill in; no last wave of long tiles started late)

@@ -3,13 +3,14 @@
 `flash_attention` asks `usable(...)` first on its tensor-core path: on a compute-capability 9.0 GPU (nvrtc) or
 with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
 64/96/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
-then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
-kernels (attention_fwd_tc.cu). FP8 q, k, v (float8_e4m3fn) ask `try_forward_fp8` (kernels_cu/attention_fwd_fp8_sm90.cu, head_dim == head_dim_v in
-64/128/256). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
-kernel with its VARLEN template parameter, at the same shapes). The backward
-(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 / 256 and 192 / head_dim_v 128, with or without softcap)
-serves
-`attention_backward`
+then takes the row max on the raw scores), it runs the TMA + wgmma kernel; the dense forward also takes any other
+head_dim == head_dim_v that is a multiple of 8 up to 256, on the next compiled kernel up (`padded_dim`: the TMA
+zero-fills the columns past head_dim); anything else keeps the mma.sync kernels (attention_fwd_tc.cu). FP8 q, k, v
+(float8_e4m3fn) ask `try_forward_fp8` (kernels_cu/attention_fwd_fp8_sm90.cu, head_dim == head_dim_v in
+64/128/256). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same kernel with its VARLEN
+template parameter, at the compiled shapes only: its epilogue's generic stores cover the kernel's head dim). The
+backward (kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 / 256 and 192 / head_dim_v 128, with or
+without softcap) serves `attention_backward`
 (`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
 
 PYKERN_SM90=0 turns this path off everywhere (forward, varlen and backward): a Hopper GPU then runs the mma.sync
@@ -98,6 +99,31 @@ def forward_grid(d: int, n_tiles: int, n_q: int, n_k: int, wl: int, wr: int, sms
     return max(1, min(n_tiles, sms * CTAS_PER_SM))
 
 
+def padded_dim(d: int) -> int | None:
+    """The compiled head dim of the dense forward that serves head_dim == head_dim_v == d: d itself in HEAD_DIMS,
+    else the next one up (d <= 64 -> 64, <= 96 -> 96, <= 128 -> 128, else 256) for d a multiple of 8 up to 256 (as
+    FlashAttention-3 rounds up to its compiled head dims); None for any other d. The kernel runs at the compiled
+    dim over tensor maps of the true d: the TMA loads zero-fill the box columns past d (zero columns add nothing
+    to Q K^T and give zero columns of P V) and the epilogue's TMA store writes only the columns below d. The
+    kernel takes no head-dim parameter (every global access of the dense form goes through the maps, lse is per
+    row), so nothing else changes. The varlen and paged epilogues store D columns a row with generic stores
+    (past d they would write into the next head): those keep their exact head dims."""
+    if d in HEAD_DIMS:
+        return d
+    if d % 8 or not 8 <= d <= 256:  # a multiple of 8: the maps' row strides (d * 2 bytes) stay 16-byte multiples
+        return None
+    return next(c for c in HEAD_DIMS if d <= c)
+
+
+def forward_shape(d: int, d_v: int) -> tuple[int, int] | None:
+    """(head_dim, head_dim_v) of the dense forward kernel that serves (d, d_v): (d, d_v) where SHAPES has it, else
+    (padded_dim(d),) * 2 where d == d_v and `padded_dim` has one; None otherwise."""
+    if (d, d_v) in SHAPES:
+        return d, d_v
+    p = padded_dim(d) if d == d_v else None
+    return None if p is None else (p, p)
+
+
 def kernel_name(d: int, d_v: int, softcap: float, suffix: str, varlen: bool = False) -> str:
     """attention_fwd[_varlen]_sm90_<shape>[_softcap]<suffix>: <shape> d{D} when d == d_v, else d{d}_dv{d_v}."""
     shape = f"d{d}" if d == d_v else f"d{d}_dv{d_v}"
@@ -138,20 +164,26 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
 
 def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int, int, int, int, int, int],
                 scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
-    """Run attention_fwd_sm90_<shape>[_softcap]{suffix} (`kernel_name`) when `usable` and the arrays suit TMA
-    (16-byte aligned bases); False (nothing launched) otherwise. q, k contiguous (batch, n, heads, head_dim), v
-    (batch, n_k, kv_heads, head_dim_v); out (batch, n_q, heads, head_dim_v) contiguous, written by TMA stores
-    (each consumer warpgroup's 64 rows of a query tile, one box per `box(d_v)` head-dim columns: OUT_ROWS)."""
+    """Run attention_fwd_sm90_<shape>[_softcap]{suffix} (`kernel_name`; <shape> from `forward_shape`: a head_dim
+    == head_dim_v that is a multiple of 8 up to 256 runs the next compiled kernel up, over tensor maps of the true
+    head dim) when `usable` and the arrays suit TMA (16-byte aligned bases); False (nothing launched) otherwise. q,
+    k contiguous (batch, n, heads, head_dim), v (batch, n_k, kv_heads, head_dim_v); out (batch, n_q, heads,
+    head_dim_v) contiguous, written by TMA stores (each consumer warpgroup's 64 rows of a query tile, one box per
+    `box` head-dim columns of the kernel's head_dim_v: OUT_ROWS)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
     batch, n_q, n_k, n_heads, n_kv_heads, d, d_v = dims
-    if not usable(d, d_v, softcap, scale, q, backend, k, v, out):
+    shape = forward_shape(d, d_v)  # the compiled kernel's head dims (d, d_v, or the next compiled ones up)
+    if shape is None or not usable(*shape, softcap, scale, q, backend, k, v, out):
         return False
+    d, d_v = shape  # from here on the kernel's head dims; the maps keep the arrays' true ones
     bc, _ = _CFG[d]
     name = get_backend(backend).name
     (cq, sq), (cv, sv) = box(d), box(d_v)
-    try:  # boxes of `box` head-dim columns (a swizzle atom's row) by ROWS queries / bc keys
+    # boxes of `box` head-dim columns (a swizzle atom's row) by ROWS queries / bc keys, the kernel's; where the
+    # arrays' head dim is below the kernel's (`padded_dim`), the boxes past it load zeros and store nothing
+    try:
         tq = make_tensor_map(q, (1, ROWS, 1, cq), sq, backend=name)
         tk = make_tensor_map(k, (1, bc, 1, cq), sq, backend=name)
         tv = make_tensor_map(v, (1, bc, 1, cv), sv, backend=name)

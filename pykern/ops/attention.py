@@ -189,7 +189,9 @@ def flash_attention(
     FlashAttention-2 does. On a Hopper GPU (compute capability 9.0; on the host backend with
     PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/96/128/256, and head_dim 192 with head_dim_v 128
     (DeepSeek-V3's prefill shape), with or without softcap, run the sm_90a kernel instead (TMA, wgmma,
-    FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
+    FlashAttention-3's producer / consumer warpgroups; same rounding of P), as does any other head_dim ==
+    head_dim_v that is a multiple of 8 up to 256, on the next of those kernels up (its TMA loads zero-fill the
+    columns past head_dim, its store writes only those below). f32
     inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
     65504, as on the GPU.
 

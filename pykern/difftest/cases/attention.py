@@ -619,7 +619,8 @@ def _sm90_forward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: in
 
     dv = d if dv is None else dv
     q, k, v = fa_inputs(rng, batch, n_q, n_k, h, kvh, d, dv, kind)
-    name = sm90.kernel_name(d, dv, softcap, _sfx(kind))
+    # a head dim between the compiled ones runs the next kernel up (the maps at the true d: sm90.forward_shape)
+    name = sm90.kernel_name(*(sm90.forward_shape(d, dv) or (d, dv)), softcap, _sfx(kind))
     scale = 1.0 / np.sqrt(d)
 
     def run(backend: str) -> dict[str, Any]:
@@ -1015,6 +1016,11 @@ SM90_VARLEN_192 = ((([5, 140, 0], [9, 300, 3]), 4, 1, False, (-1, -1), 0.0),
 # the causal mask.
 SM90_FORWARD_D96 = ((100, 300, 4, 2, False, (-1, -1), 0.0), (300, 400, 2, 1, True, (-1, -1), 0.0),
                     (200, 150, 2, 1, False, (40, 10), 2.0), (150, 280, 4, 2, True, (-1, -1), 2.5))
+# The dense forward at head dims between the compiled ones, on the next kernel up (its TMA loads zero-fill the
+# columns past d, its store clips there): (n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap); d80 -> d96,
+# d112 -> d128, d40 -> d64, d160 -> d256 (a box wholly past the head dim).
+SM90_FORWARD_PADDED = ((70, 90, 2, 1, 80, True, (-1, -1), 0.0), (60, 130, 4, 2, 112, False, (-1, -1), 2.0),
+                       (50, 70, 2, 1, 40, True, (20, -1), 0.0), (40, 70, 2, 1, 160, False, (-1, -1), 0.0))
 # The same over packed sequences: ((lq, lk), heads, kv_heads, causal, window, softcap). Ragged lengths, an empty
 # sequence, one without keys, key tiles that run into the next sequence, steady tiles.
 SM90_VARLEN_D96 = ((([5, 140, 0], [9, 300, 3]), 4, 1, False, (-1, -1), 0.0),
@@ -1238,6 +1244,9 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, 192, causal, window, det, cap, dv=128)
             for (lq, lk), h, kvh, causal, window, cap in SM90_VARLEN_FUSED_BACKWARD_192_SOFTCAP:
                 yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, 192, causal, window, cap, det, dv=128)
+    for kind in ("bf16", "f16"):  # the padded head dims, drawn last so that every case above keeps its inputs
+        for n_q, n_k, h, kvh, d, causal, window, cap in SM90_FORWARD_PADDED:
+            yield _sm90_forward(rng, kind, n_q, n_k, h, kvh, d, causal, None, window, cap)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
