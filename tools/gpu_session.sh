@@ -18,7 +18,7 @@
 # DECODE_ARGS limits the decode stage's shapes (--batches 1 8 --lengths 1024 --kv bf16); NCU_SMALL_SHAPES (';'
 # between shapes) the decode shapes profiled kernel by kernel, NCU_SMALL_SECTIONS their sections;
 # SANITIZER_KERNELS the memcheck stage's kernels; PYTEST_ARGS narrows pytest -m gpu (-k EXPR, test files);
-# ATTN_ARGS replaces the attention stage's options (--dtypes, --dims, --extra-dims, --seqs), ATTN_S its limit;
+# ATTN_ARGS replaces the attention stage's options (--dtypes, --dims, --extra-dims, --seqs, --fwd-only), ATTN_S its limit;
 # MEMBOUND_ARGS adds pykern.bench options (--compile: torch.compile rows), MEMBOUND_S its limit; DECODE_GRAPH_S the
 # limit of the decode_graph stage (a 32-layer decode step captured in one CUDA graph, measure_gpu.py decode-graph).
 # Peers that torch does not carry are timed when tools/peers.py has unpacked them into .peers/site (two calls:
