@@ -19,8 +19,9 @@
 //               2^(s - m + 3) (FA90F8_OFF; FA3 uses 8) with m the running max: the exact online softmax on the
 //               boundary tiles (causal / window edge, keys past n_k: the mask only there), on the tiles every row
 //               sees wholly the row max first with O and l rescaled only where a row of the warp grew
-//               (fa90f8_softmax_mf; FA90F8_MF: the lazy one with its redo, fa90f8_softmax_lazy, where MF is 0). Rounded to e4m3 straight from the S accumulators into
-//               the A registers of O += P V^T (wgmma m64n<D>k32 RS e4m3). The accumulator gives a thread keys
+//               (fa90f8_softmax_mf; FA90F8_MF: the lazy one with its redo, fa90f8_softmax_lazy, where MF is 0).
+//               Rounded to e4m3 straight from the S accumulators into the A registers of O += P V^T (wgmma
+//               m64n<D>k32 RS e4m3). The accumulator gives a thread keys
 //               {8j + 2t, 8j + 2t + 1} of a 32-key step, the A fragment wants columns 4t..4t+3 and 16+4t..16+4t+3;
 //               rather than moving bytes between lanes (FA3's permute_regs_A_to_C), the transpose writes V^T's
 //               key columns in that order (fa90f8_key), which the sum over keys does not see.
