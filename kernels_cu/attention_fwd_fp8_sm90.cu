@@ -17,10 +17,11 @@
 //               (after fence.proxy.async: generic writes, async-proxy reads). No host-side copy.
 //   P         : in fp32 (scores scaled once by scale * qd * kd * log2 e, so a descale of any sign is right), P =
 //               2^(s - m + 3) (FA90F8_OFF; FA3 uses 8) with m the running max: the exact online softmax on the
-//               boundary tiles (causal / window edge, keys past n_k: the mask only there), the lazy one (no row max,
-//               no rescale while no row max grew, so no P rounds above 8; see fa90f8_softmax_lazy) on the tiles
-//               every row sees wholly, as attention_fwd_sm90.cu. Rounded to e4m3 straight from the S accumulators into
-//               the A registers of O += P V^T (wgmma m64n<D>k32 RS e4m3). The accumulator gives a thread keys
+//               boundary tiles (causal / window edge, keys past n_k: the mask only there), on the tiles every row
+//               sees wholly the row max first with O and l rescaled only where a row of the warp grew
+//               (fa90f8_softmax_mf; FA90F8_MF: the lazy one with its redo, fa90f8_softmax_lazy, where MF is 0).
+//               Rounded to e4m3 straight from the S accumulators into the A registers of O += P V^T (wgmma
+//               m64n<D>k32 RS e4m3). The accumulator gives a thread keys
 //               {8j + 2t, 8j + 2t + 1} of a 32-key step, the A fragment wants columns 4t..4t+3 and 16+4t..16+4t+3;
 //               rather than moving bytes between lanes (FA3's permute_regs_A_to_C), the transpose writes V^T's
 //               key columns in that order (fa90f8_key), which the sum over keys does not see.
@@ -61,6 +62,14 @@
 // LOP3 as i % 2) keep the d128 loop at its 381 instructions where three took 382 (the compare and select of the
 // wrap), at 16 KiB more shared memory (145 KiB; d256: 16 KiB a slot too, 64 keys).
 #define FA90F8_PP(D) ((D) >= 128)
+// MF(D): the steady tiles take the row max first (fa90f8_softmax_mf: O and l rescaled where a row of the warp grew,
+// no redo) instead of the lazy softmax with its exact redo (fa90f8_softmax_lazy). The attention model (--fp8) finds
+// it faster at every head dim over random scores, whose rows find a new max in 29-86% of the tiles: the redo's
+// second exp2 a score bound the lazy loop on MUFU at d64 / d128. Where rows rarely find one (p near 0) the lazy loop
+// issues fewer instructions (d128: 397 against 519 + 74 p), hence a switch, not a copy.
+#ifndef FA90F8_MF
+#define FA90F8_MF(D) 1
+#endif
 #define FA90F8_VTS(D) (FA90F8_PP(D) ? 4 : FA90F8_ST)
 // Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
 // it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.
@@ -193,6 +202,55 @@ __device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC(D
     l[0] += sum[0];
     l[1] += sum[1];
     return true;
+}
+
+// The row-max-first softmax of a steady tile (FA90F8_MF(D)): the scores scaled to log2 units in place (before the
+// max, as a descale may be negative), the row max over the quad, O and l rescaled only where a row of the warp grew
+// (a warp-uniform branch, taken at the rate the lazy softmax redoes a tile), P = 2^(s - m + FA90F8_OFF) from the
+// new max: the exact online softmax's P (the new max gives 8 exactly), never redone, one exp2 a score. m is finite
+// here (the first steady tile ran the exact softmax over scores every row sees). Against the lazy softmax it adds
+// the max (FMNMX, 4 shuffles) and the vote to every tile, and drops the redo's second exp2 a score.
+template <int D>
+__device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2], float (&m)[2],
+                                                  float (&l)[2], unsigned (&pa)[FA90F8_BC(D) / 32][4], float sl2) {
+    constexpr int BC = FA90F8_BC(D);
+    float mx[2];
+    bool grew = false;
+#pragma unroll
+    for (int x = 0; x < BC / 2; x++) s[x] *= sl2;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float x = pk_wgmma_row_max<BC>(s, r, PK_NEG_INF);
+        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 2));
+        mx[r] = x;
+        grew |= x > m[r];
+    }
+    if (__any_sync(PK_FULL_MASK, grew)) {  // warp-uniform: the rescale of the rows that grew (the others by 1)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float mn = fmaxf(m[r], mx[r]), al = pk_ex2_approx(m[r] - mn);
+            m[r] = mn;
+            l[r] *= al;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= al, o[4 * j + 2 * r + 1] *= al;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float base = m[r] - (float)FA90F8_OFF;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j += 2) {
+            const float p0 = pk_ex2_approx(s[4 * j + 2 * r] - base);
+            const float p1 = pk_ex2_approx(s[4 * j + 2 * r + 1] - base);
+            const float p2 = pk_ex2_approx(s[4 * j + 4 + 2 * r] - base);
+            const float p3 = pk_ex2_approx(s[4 * j + 5 + 2 * r] - base);
+            sum += (p0 + p1) + (p2 + p3);
+            fa90f8_put(pa, j, r, p0, p1, p2, p3);
+        }
+        l[r] += sum;
+    }
 }
 
 // The exact softmax of a tile from its raw scores (the boundary tiles, and a steady tile whose lazy softmax
@@ -417,10 +475,10 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
         fa90f8_pv<D>(o, pa, dvt0 + vst * VU);
     };
     for (; j >= f1; j--, i++) masked_tile();
-    if (j >= f0) {  // the steady state: no mask, the lazy softmax
+    if (j >= f0) {  // the steady state: no mask, the row-max-first (MF) or the lazy softmax
         // The first steady tile alone (S and V^T, the exact softmax: m may still be -inf); then each step
         // issues the scores of the next tile with O += P V^T of the previous one as one wgmma group
-        // (fa90f8_scores), and the lazy softmax of the next tile. A warp whose lazy softmax fails leaves the
+        // (fa90f8_scores), and the softmax of the next tile. (Not MF:) a warp whose lazy softmax fails leaves the
         // hot loop for the exact redo and comes back to the same wgmma instructions as the other warps of its
         // warpgroup.
         const unsigned long long dq = q_desc();
@@ -446,7 +504,12 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                 fa90f8_scores<D, true, PP>(s, o, pa, dq, dk0 + st * KU, dvt0 + vprev * VU, vs + st * VS_BYTES,
                                            vt + vn * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
                 fa90_cap<SC, BC>(s, pre);
-                ok = fa90f8_softmax_lazy<D>(s, m, l, pa, sl2);
+                if constexpr (FA90F8_MF(D)) {
+                    fa90f8_softmax_mf<D>(s, o, m, l, pa, sl2);
+                    ok = true;  // never redone: the redo below is dead code here
+                } else {
+                    ok = fa90f8_softmax_lazy<D>(s, m, l, pa, sl2);
+                }
                 i++, j--;
                 if (!ok || j < f0) break;
             }

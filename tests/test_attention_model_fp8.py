@@ -1,5 +1,6 @@
 """pykern.bench.attention_model: the FP8 (e4m3) sm_90a forward's modelled bound. QGMMA counted and run at twice the
-bf16 rate, the lazy tile's redo path read from a listing, the tensor term by hand, the binding term and the redo
+bf16 rate, the rate-p code read from a listing (the lazy tile's out-of-line redo path, or the row-max-first tile's
+rescale block a warp vote skips), the tensor term by hand, the binding term and the redo
 rate's effect; the SASS inputs from the FP8 kernels' own names, through a snapshot (no compile) and, where the
 compile cache and cuobjdump are here, the real SASS."""
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pykern.errors import ArgumentError
 
 H100 = am.HARDWARE["sm_90"]
 
-# The FP8 kernels' SASS inputs (NVRTC sm_90a, the flat loop and its redo path as loop_inputs reads them; the real
-# SASS test below checks the fields the model uses against today's compile): (insns, mma, smem, mufu, fma, redo
-# insns, redo mufu, redo fma, straight)
-FP8_SASS = {64: (396, 128, 9216, 64, 128, 410, 66, 232, 533), 128: (397, 256, 14336, 64, 128, 444, 66, 264, 559),
-            256: (286, 256, 16384, 32, 64, 332, 34, 232, 555)}
+# The FP8 kernels' SASS inputs (NVRTC sm_90a, the flat loop without its rescale block and that block, taken where a
+# row of the warp grew, as loop_inputs reads them; the real SASS test below checks the fields the model uses against
+# today's compile): (insns, mma, smem, mufu, fma, rate-p insns, rate-p mufu, rate-p fma, straight)
+FP8_SASS = {64: (510, 128, 9216, 64, 196, 42, 2, 36, 534), 128: (519, 256, 14336, 64, 196, 74, 2, 68, 559),
+            256: (355, 256, 16384, 32, 100, 138, 2, 132, 555)}
 
 
 def fp8_inputs(d: int) -> am.KernelInputs:
@@ -80,6 +81,35 @@ def test_a_loop_without_a_redo_path_has_none():
     assert li is not None and (li.redo_insns, li.redo_mufu, li.redo_fma) == (0, 0, 0)
 
 
+def mf_listing() -> str:
+    """A flat QGMMA loop whose body holds a block a warp vote skips (the row-max-first tile's rescale): loop head,
+    VOTE.ANY, the forward branch over the block, the block, the rest of the body, the back branch."""
+    body = ["QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24, gsb0",  # 0x00: the loop's head
+            "MUFU.EX2 R1, R2",
+            "VOTE.ANY P1, P1",
+            "@!P1 BRA 0x70",  # 0x30: no row of the warp grew
+            "MUFU.EX2 R3, R4",  # the block
+            "FMUL R5, R5, R3",
+            "FMUL R6, R6, R3",
+            "FADD R7, R7, R1",  # 0x70
+            "@P0 BRA 0x0",  # the back branch
+            "EXIT"]
+    lines = ["\t\tFunction : k"]
+    for i, t in enumerate(body):
+        lines.append(f"        /*{16 * i:04x}*/                   {t} ;                /* 0x0000000000000000 */")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_rescale_block_a_vote_skips_is_the_rate_p_code():
+    li = am.loop_inputs(mf_listing(), "k")
+    assert li is not None and li.loop == "flat"
+    assert li.insns == 6 and (li.mufu, li.fma) == (1, 1)  # the body less the block
+    assert (li.redo_insns, li.redo_mufu, li.redo_fma) == (3, 1, 2)
+    # a forward branch not after a VOTE.ANY (a lane's own condition) is no rate-p block: counted every tile
+    li = am.loop_inputs(mf_listing().replace("VOTE.ANY P1, P1", "ISETP.NE.AND P1, PT, R1, RZ, PT"), "k")
+    assert li.insns == 9 and li.redo_insns == 0
+
+
 def test_fp8_launch_follows_the_fp8_geometry():
     from pykern.ops import _attention_sm90 as h
 
@@ -120,13 +150,13 @@ def test_tensor_term_by_hand_and_the_binding_term_at_d128_16k():
     tile_clk = 8 * 256 * am.MMA_FLOP / (2 * H100.tensor_flop_clk)
     want = math.ceil(2048 / 132) * 128 * tile_clk / H100.clock_hz
     assert r["terms_s"]["tensor"] == pytest.approx(want, rel=1e-12)
-    # mufu: every score's exp2 on MUFU (64 a warp a tile) plus the redo's 66 at p, 16 results a clock
-    mufu = math.ceil(2048 / 132) * 128 * 8 * (64 + 0.29 * 66) * 32 / 16 / H100.clock_hz
+    # mufu: every score's exp2 on MUFU (64 a warp a tile) plus the rescale block's 2 at p, 16 results a clock
+    mufu = math.ceil(2048 / 132) * 128 * 8 * (64 + 0.29 * 2) * 32 / 16 / H100.clock_hz
     assert r["terms_s"]["mufu"] == pytest.approx(mufu, rel=1e-12)
-    assert r["binding"] == "mufu" and r["time_s"] == pytest.approx(mufu, rel=1e-12)
-    # issue: (397 + 0.29 x 444) a warp a tile, 4 a clock, plus the straight-line code of 12 warps
-    issue = math.ceil(2048 / 132) * (128 * 8 * (397 + 0.29 * 444) + 12 * 559) / 4 / H100.clock_hz
+    # issue: (519 + 0.29 x 74) a warp a tile, 4 a clock, plus the straight-line code of 12 warps
+    issue = math.ceil(2048 / 132) * (128 * 8 * (519 + 0.29 * 74) + 12 * 559) / 4 / H100.clock_hz
     assert r["terms_s"]["issue"] == pytest.approx(issue, rel=1e-12)
+    assert r["binding"] == "issue" and r["time_s"] == pytest.approx(issue, rel=1e-12)
     # the same kernel with the bf16 pipe's rate would take twice the tensor time
     slow = am.kernel_bound(am.replace(lau, tensor_rate=1.0), k, H100)
     assert slow["terms_s"]["tensor"] == pytest.approx(2 * want, rel=1e-12)
@@ -137,13 +167,15 @@ def test_redo_rate_raises_the_bound_monotonically(snapshot):
         s = am.Shape(4, 2048 // d, 4096, d, False)
         ts = [am.predict("sm_90a", "fwd", s, snapshot, fp8=True, redo=p).time_s for p in (0.0, 0.25, 0.5, 0.75, 1.0)]
         assert ts == sorted(ts), (d, ts)
-        assert ts[-1] > ts[0], d
-    # d128: the MUFU term binds at any p > 0 (64 exp2 a warp a tile: as many clocks as the FP8 tensor term) and
-    # grows as 64 + 66 p
+        # d256: shared memory binds at every p (its issue at p = 1, 355 + 138, stays below it)
+        assert ts[-1] > ts[0] if d < 256 else ts[-1] == ts[0], d
+    # d128: the issue term binds at any p (519 + 74 p instructions a warp a tile); MUFU (64 + 2 p exp2, as many
+    # clocks as the FP8 tensor term at p = 0) no longer grows with the rate
     s = am.Shape(1, 16, 16384, 128, False)
     a, b = (am.predict("sm_90a", "fwd", s, snapshot, fp8=True, redo=p) for p in (0.2, 0.6))
-    assert a.binding == b.binding == "mufu"
-    assert b.time_s / a.time_s == pytest.approx((64 + 0.6 * 66) / (64 + 0.2 * 66), rel=1e-3)
+    assert a.binding == b.binding == "issue"
+    per = lambda p: 128 * 8 * (519 + p * 74) + 12 * 559  # noqa: E731 - a warp's instructions, all its tiles
+    assert b.time_s / a.time_s == pytest.approx(per(0.6) / per(0.2), rel=1e-3)
 
 
 def test_fp8_rows_from_the_fp8_kernel_names(snapshot):
@@ -159,7 +191,7 @@ def test_fp8_rows_from_the_fp8_kernel_names(snapshot):
         assert 0 < p["pct_peak"] < 100 and p["tflops"] < 2 * H100.peak / 1e12
         assert p["tflops"] == pytest.approx(am.useful_flops(am.Shape(**p["shape"]), "fwd") / p["time_s"] / 1e12)
     by = {(p["shape"]["head_dim"], p["shape"]["causal"], p["shape"]["seq"]): p for p in preds}
-    assert by[(128, False, 16384)]["binding"] == "mufu" and by[(64, False, 16384)]["binding"] == "mufu"
+    assert by[(128, False, 16384)]["binding"] == "issue" and by[(64, False, 16384)]["binding"] == "issue"
     text = am.format_fp8_table(doc)
     assert "Modelled bound" in text and "redo" in text and "e4m3" in text
     json.dumps(doc)
@@ -183,7 +215,7 @@ def test_bench_cli_prints_the_fp8_table(snapshot, monkeypatch, capsys):
 
 def test_real_fp8_kernels_sass_inputs():
     """Today's FP8 kernels (compile cache + cuobjdump; skipped where they are not here): the loop's QGMMAs match
-    the launch geometry, the redo path is found, and the inputs FP8_SASS pins are today's."""
+    the launch geometry, the rescale block is found, and the inputs FP8_SASS pins are today's."""
     pytest.importorskip("numpy")
     src = am.SassSource()
     try:
@@ -195,9 +227,10 @@ def test_real_fp8_kernels_sass_inputs():
         k = src.inputs(lau.kernel, "sm_90a")
         assert k.loop.mma * lau.loop_warps * am.MMA_FLOP == 2 * lau.pair_dims * lau.step[0] * lau.step[1]
         assert k.loop.loop == "flat" and k.loop.wgmma and k.spills == 0
-        # every score's exp2 on MUFU (FP8 has no FMA-pipe exp2), in the loop and again in the redo
+        # every score's exp2 on MUFU (FP8 has no FMA-pipe exp2), once: the rate-p block is the rescale of O and l
+        # (one exp2 a row of the thread, an FMUL an O register: D / 2 + 2 of the block's FP32 ops)
         assert k.loop.mufu * 32 * lau.loop_warps == lau.step[0] * lau.step[1]
-        assert k.loop.redo_mufu * 32 * lau.loop_warps >= lau.step[0] * lau.step[1]
+        assert k.loop.redo_mufu == 2 and k.loop.redo_fma >= d // 2 + 2
         got = (k.loop.insns, k.loop.mma, k.loop.smem_bytes, k.loop.mufu, k.loop.fma, k.loop.redo_insns,
                k.loop.redo_mufu, k.loop.redo_fma, k.loop.straight)
         assert got == FP8_SASS[d], (d, got)

@@ -50,8 +50,10 @@ scheduled over the GPU:
 
 The FP8 (e4m3) sm_90a forward (`predict(..., fp8=True)`, `fp8_launch`): its QGMMAs counted as above (m64nNk32: 2N/8
 m16n8k16-equivalents of 4096 FLOP a warp) and run at twice the bf16 rate (`Launch.tensor_rate`); its flat loop's
-redo path (`_redo_path`: the exact softmax a tile runs when its lazy one is not accepted) issued by a fraction p of
-the tiles (`Launch.redo_p`; default `fp8_redo_rate`, random scores).
+rate-p code issued by a fraction p of the tiles (`Launch.redo_p`; default `fp8_redo_rate`, random scores: the tiles
+where a row of the warp finds a new max): the row-max-first tile's rescale of O and l, the block a warp vote skips
+inside the body (`_rate_p_block`, the kernel today), or the lazy tile's out-of-line redo path (`_redo_path`: the
+exact softmax a tile runs when its lazy one is not accepted; the kernel with FA90F8_MF 0).
 
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
@@ -177,8 +179,10 @@ class LoopInputs:
     fma: int = 0  # fp32 FFMA / FADD / FMUL instructions in the body (the FMA pipe)
     exp2_fma: int = 0  # exp2s on the FMA pipe in the body (pk_exp2_fma: one FADD.RM, its floor, each)
     loaders: tuple[LoaderLoop, ...] = ()
-    # the flat loop's redo path (`_redo_path`: the FP8 forward's tile redone with the exact softmax when its lazy
-    # test fails): the code a redone tile issues after the whole body, out of line; 0 where there is none
+    # the flat loop's rate-p code: the redo path (`_redo_path`: the FP8 forward's lazy tile redone with the exact
+    # softmax when its test fails, issued after the whole body, out of line) or, where there is none, the block a
+    # warp vote skips inside the body (`_rate_p_block`: the row-max-first tile's rescale, not in insns / mufu / fma
+    # above); 0 where there is neither
     redo_insns: int = 0
     redo_mufu: int = 0
     redo_fma: int = 0
@@ -352,6 +356,26 @@ def _redo_path(live: list[tuple[int, str, str, str]], lo: int, hi: int, bra: "re
     return []
 
 
+def _rate_p_block(body: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") -> list[tuple[int, str, str, str]]:
+    """The block inside a flat loop's body that a warp-uniform forward branch skips: a `BRA` right after a
+    `VOTE.ANY` (the vote's predicate: the warp agrees) to a later instruction of the body, the block between them
+    holding no MMA, barrier, branch or exit (the FP8 forward's row-max-first tile: O and l rescaled only where a
+    row of the warp grew, at the rate its lazy tile was redone). [] when there is none."""
+    for k in range(1, len(body)):
+        a, op, _, rest = body[k]
+        if op != "BRA" or body[k - 1][1] != "VOTE" or ".ANY" not in body[k - 1][2]:
+            continue
+        b = bra.search(rest)
+        if not b or int(b.group(1), 16) <= a:
+            continue
+        t = int(b.group(1), 16)
+        block = [x for x in body[k + 1:] if x[0] < t]
+        if t > body[-1][0] or any(x[1] in ("BRA", "EXIT", "RET", "BAR", "HGMMA", "QGMMA", "HMMA") for x in block):
+            continue
+        return block
+    return []
+
+
 def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict] | None = None
                 ) -> LoopInputs | None:
     """The model's SASS inputs of `kernel` from a cuobjdump -sass listing; None when it has no MMA loop.
@@ -390,6 +414,11 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
         return sum(_insn_smem(x) for x in xs)
 
     redo = _redo_path(live, lo, hi, sr._BRA) if kind == "flat" else []
+    if kind == "flat" and not redo:
+        # the rate-p code inside the body instead (_rate_p_block): out of the body's every-tile counts, into redo_*
+        redo = _rate_p_block(body, sr._BRA)
+        skip = {id(x) for x in redo}
+        body = [x for x in body if id(x) not in skip]
     loaders = []
     for l2, h2 in inside:  # outermost inner loops only (a loader nested in another inner loop counts once)
         if any(l3 <= l2 and h2 <= h3 and (l3, h3) != (l2, h2) for l3, h3 in inside):
@@ -469,9 +498,9 @@ class Launch:
     # FP8 peak is twice its bf16 one: 1979 vs 989 TFLOP/s on H100 SXM). The MMA count stays in m16n8k16-equivalents
     # of 4096 FLOP (a QGMMA m64nNk32 is 2 N / 8 of them a warp), so the pipe runs twice as many a clock
     tensor_rate: float = 1.0
-    # the share of loop iterations that also run the loop's redo path (LoopInputs.redo_*: the FP8 forward's lazy
-    # tile redone exactly when a row max grew); the data's, not the kernel's: fp8_redo_rate gives the random-score
-    # default
+    # the share of loop iterations that also run the loop's rate-p code (LoopInputs.redo_*: the FP8 forward's
+    # rescale where a row max grew, or its lazy tile's exact redo); the data's, not the kernel's: fp8_redo_rate
+    # gives the random-score default
     redo_p: float = 0.0
 
     def schedule(self, costs: Sequence[float], slots: int) -> float:
@@ -728,10 +757,10 @@ def ping_pong(head_dim: int, build: str = "current") -> bool:
 
 
 # The FP8 forward's redo rate over random scores (docs/attention_sm90.md, "FP8 forward": a model of the lazy tile's
-# acceptance on the test's fp8_inputs, one 128-query tile, reverse tile order): the share of steady tiles a warp
-# redoes because one of its rows found a new max, by keys. The upper end of each documented range (83-86% at 1024
-# keys, 39-65% at 4096, 29% at 16384): the bound of random inputs with the most redo work. Rows peaked on a few keys
-# redo fewer tiles; the rate is the data's, not the kernel's.
+# acceptance on the test's fp8_inputs, one 128-query tile, reverse tile order): the share of steady tiles where one
+# of a warp's rows finds a new max (the lazy tile's redo, the row-max-first tile's rescale), by keys. The upper end
+# of each documented range (83-86% at 1024 keys, 39-65% at 4096, 29% at 16384): the bound of random inputs with the
+# most rate-p work. Rows peaked on a few keys find fewer new maxima; the rate is the data's, not the kernel's.
 FP8_REDO = {1024: 0.86, 4096: 0.65, 16384: 0.29}
 
 
@@ -754,7 +783,7 @@ def fp8_launch(s: Shape, kernels: Sequence[str], redo: float | None = None) -> t
     bf16 kernel's CTA (ROWS queries, a producer warpgroup and two consumer warpgroups) over key tiles of
     FP8_KEYS[d], one a loop iteration, fp8_shared_bytes(d) of shared memory, a grid of every query tile (not
     persistent; causal: longest first), the tensor pipe at the FP8 rate (tensor_rate 2), and a fraction `redo` of
-    the steady tiles (None: fp8_redo_rate(seq)) running the loop's redo path. HBM: q, k, v one byte an element,
+    the steady tiles (None: fp8_redo_rate(seq)) running the loop's rate-p code. HBM: q, k, v one byte an element,
     out bf16, lse fp32. ([], why) where there is no such kernel."""
     from ..ops import _attention_sm90 as h
 
@@ -1009,7 +1038,8 @@ def _launch_rates(lau: Launch, k: KernelInputs,
     if occ.ctas == 0:
         raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
     insns_step, smem_step, trips = loop.per_step(lau.fill / lau.loop_warps)
-    # a redone tile issues the whole body and then its redo path: a fraction redo_p of the steps
+    # a fraction redo_p of the steps also issue the rate-p code (the rescale block inside the body, or the redo
+    # path after it)
     insns_step += lau.redo_p * loop.redo_insns
     smem_step += lau.redo_p * loop.redo_smem
     n_ctas = len(lau.ctas) * lau.groups
@@ -1204,7 +1234,7 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
     """Modelled bound of the bf16 tensor-core attention op `phase` at `shape` on the part of `arch`.
     arch "sm_90a" (or variant "wgmma" on sm_90): the Hopper wgmma kernels; "sm_80" / "sm_90": the mma.sync ones.
     dq_mode: the fused mma.sync backward's dQ ("atomic" or "deterministic"). fp8: the e4m3 forward on sm_90a
-    (fp8_launch: the tensor pipe at the FP8 rate, its redo path at rate `redo`, None: fp8_redo_rate(seq)); its
+    (fp8_launch: the tensor pipe at the FP8 rate, its rate-p code at rate `redo`, None: fp8_redo_rate(seq)); its
     TFLOP/s counted as the bf16 forward's (useful_flops, as FlashAttention-3 counts FP8), pct_peak of the FP8 peak
     (twice the bf16 one)."""
     shape.check()
@@ -1413,8 +1443,8 @@ def fp8_table_rows(shapes: Sequence[Shape] | None = None, sass: SassSource | Non
 
 
 def format_fp8_table(doc: dict[str, Any]) -> str:
-    """The FP8 forward's table: its kernels' SASS inputs (the steady loop and its redo path), then per shape the
-    modelled bound at its redo rate p, with the tensor, mufu and issue terms."""
+    """The FP8 forward's table: its kernels' SASS inputs (the steady loop and its rate-p code), then per shape the
+    modelled bound at its rate p, with the tensor, mufu and issue terms."""
     hw = doc["hardware"]["sm_90a"]
     lines = ["Modelled bound of pykern's FP8 (e4m3) attention forward, sm_90a (no faster than this at redo rate p; from",
              "our SASS, the ops' launch geometry and published rates; nothing calibrated from a measured speed).",
@@ -1422,9 +1452,9 @@ def format_fp8_table(doc: dict[str, Any]) -> str:
              f"TFLOP/s dense e4m3 (QGMMA: twice the {hw['peak'] / 1e12:.0f} bf16), {hw['mufu_clk']} MUFU results/clk/SM, "
              f"{hw['hbm_bytes_s'] / 1e12:.2f} TB/s",
              "MMAs in m16n8k16-equivalents of 4096 FLOP (a QGMMA m64nNk32 is 2N/8 a warp), run at twice the bf16 rate.",
-             "SASS inputs per warp and loop iteration (one key tile): the flat loop (static), and the redo path a tile",
-             "issues after it when its lazy softmax is not accepted (a row max grew: the exact softmax from the kept",
-             "scores), taken by a fraction p of the tiles.",
+             "SASS inputs per warp and loop iteration (one key tile): the flat loop (static) without its rate-p code,",
+             "and that code ('redo' columns), taken by a fraction p of the tiles (a row max of the warp grew): the",
+             "rescale of O and l the row-max-first tile skips otherwise (or, a lazy tile's, its exact redo).",
              f"{'kernel':30s} {'MMA':>5s} {'static':>6s} {'redo':>5s} {'mufu':>5s} {'redo mufu':>9s} {'fma':>5s} "
              f"{'redo fma':>8s} {'smem B':>7s} {'straight':>8s} {'regs':>4s} {'smem':>7s} {'CTAs/SM':>7s}"]
     seen = set()
@@ -1437,9 +1467,9 @@ def format_fp8_table(doc: dict[str, Any]) -> str:
                          f"{i['redo_mufu']:9d} {i['fma']:5d} {i['redo_fma']:8d} {i['smem_bytes']:7.0f} "
                          f"{i['straight']:8d} {i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention-3's count for FP8: the bf16 forward's, 4 pairs d),",
-              "batch = 16384 / seq, hidden 2048; % of the dense e4m3 peak; p: the redo rate (default: random scores,",
-              "fp8_redo_rate); terms: one launch's tensor / mufu / issue / smem time. Binding: the largest term (= the",
-              "terms within 0.5% of it: a tie).",
+              "batch = 16384 / seq, hidden 2048; % of the dense e4m3 peak; p: the rate a warp finds a new row max",
+              "(default: random scores, fp8_redo_rate); terms: one launch's tensor / mufu / issue / smem time.",
+              "Binding: the largest term (= the terms within 0.5% of it: a tie).",
               f"{'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} {'p':>5s} {'ms':>8s} {'TFLOP/s':>8s} "
               f"{'% peak':>6s} {'tensor us':>9s} {'mufu us':>8s} {'issue us':>8s} {'smem us':>8s}  binding term"]
     for p in doc["predictions"]:
