@@ -28,10 +28,12 @@
 //   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3); the epilogue stages a
 //               consumer's bf16 rows in its V slot (the spent K / V ring: see fa90f8_forward's epilogue) and
 //               stores them with 16-byte stores (pk_attn_tc.cuh, as attention_fwd_sm90.cu's varlen kernels).
-// Steady state: each step issues S of the next tile with O += P V^T of the previous one as one wgmma group, the V^T
-// of the next tile written while they run (d256: with 64-key tiles, which leave the registers for that). At d128 and
-// d256 the two consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's
-// wgmmas), the turn's hand-over doubling as the V^T barrier there.
+// Steady state: each step issues S of the next tile with O += P V^T of the previous one, the V^T of the next tile
+// written while they run (d256: with 64-key tiles, which leave the registers for that). At d128 and d256 the two
+// consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas), the turn's
+// hand-over doubling as the V^T barrier there, and S and P V^T are two wgmma groups (FA90F8_OVL, FA3's
+// intra-warpgroup overlap: the softmax's max, exp2 and l of the next tile under this warpgroup's P V^T, the rescale
+// of O after it); d64 issues them as one group and runs the softmax after both.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (slots
 // FA90F8_VSLOT apart; each [rows][64] box one TMA load, 64B swizzle), V^T [VTS][BC/64][D][64] (64B swizzle;
 // FA90F8_VTS slots), then the mbarriers.
@@ -66,11 +68,20 @@
 // no redo) instead of the lazy softmax with its exact redo (fa90f8_softmax_lazy). The attention model (--fp8) finds
 // it faster at every head dim over random scores, whose rows find a new max in 29-86% of the tiles: the redo's
 // second exp2 a score bound the lazy loop on MUFU at d64 / d128. Where rows rarely find one (p near 0) the lazy loop
-// issues fewer instructions (d128: 397 against 519 + 74 p), hence a switch, not a copy.
+// issues fewer instructions (d128: 397 against 524 + 71 p with the overlap, FA90F8_OVL, which needs MF), hence a
+// switch, not a copy.
 #ifndef FA90F8_MF
 #define FA90F8_MF(D) 1
 #endif
 #define FA90F8_VTS(D) (FA90F8_PP(D) ? 4 : FA90F8_ST)
+// OVL(D): FA3's intra-warpgroup overlap in the ping-pong's steady steps (fa90f8_scores with OVL): S of the next
+// tile and O += P V^T of the previous one as two wgmma groups, S first; wait<1> waits for S alone, so the softcap,
+// the row max, exp2 and l of the next tile (fa90f8_softmax_mf_p) run while P V^T still accumulates into O; then
+// wait<0>, and only after it the rescale of O and P's narrowing to e4m3 into the A registers that P V^T read
+// (fa90f8_softmax_mf_o). Needs MF (the lazy softmax's redo is not split).
+#ifndef FA90F8_OVL
+#define FA90F8_OVL(D) (FA90F8_PP(D) && FA90F8_MF(D))
+#endif
 // Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
 // it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.
 #define FA90F8_BAR_PP 3
@@ -253,6 +264,72 @@ __device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], 
     }
 }
 
+// fa90f8_softmax_mf in two halves around the wait for P V^T (OVL). _p, while P V^T of the previous tile still
+// accumulates into O and reads pa: the scores scaled in place, the row max, the new m (the old one kept in mo), P =
+// 2^(s - m + FA90F8_OFF) left in s in fp32 and its row sums in sum (neither o, pa nor l touched). Branch-free: with
+// the vote's rescale block before the wait (a branch between the two waits), ptxas hoisted wait<0> to the join,
+// above every exp2. Returns whether a row of the warp grew (warp-uniform). _o, after wait<0>: where a row of the
+// warp grew (fa90f8_rescale_o), the factor al = 2^(mo - m) (2 MUFU) and O and l rescaled by it; l += sum; P
+// narrowed into pa.
+template <int D>
+__device__ __forceinline__ bool fa90f8_softmax_mf_p(float (&s)[FA90F8_BC(D) / 2], float (&m)[2], float (&mo)[2],
+                                                    float (&sum)[2], float sl2) {
+    constexpr int BC = FA90F8_BC(D);
+    bool grew = false;
+#pragma unroll
+    for (int x = 0; x < BC / 2; x++) s[x] *= sl2;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float x = pk_wgmma_row_max<BC>(s, r, PK_NEG_INF);
+        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 2));
+        grew |= x > m[r];
+        mo[r] = m[r];
+        m[r] = fmaxf(m[r], x);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float base = m[r] - (float)FA90F8_OFF;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j += 2) {
+            float& p0 = s[4 * j + 2 * r];
+            float& p1 = s[4 * j + 2 * r + 1];
+            float& p2 = s[4 * j + 4 + 2 * r];
+            float& p3 = s[4 * j + 5 + 2 * r];
+            p0 = pk_ex2_approx(p0 - base), p1 = pk_ex2_approx(p1 - base);
+            p2 = pk_ex2_approx(p2 - base), p3 = pk_ex2_approx(p3 - base);
+            acc += (p0 + p1) + (p2 + p3);
+        }
+        sum[r] = acc;
+    }
+    return __any_sync(PK_FULL_MASK, grew);
+}
+// _o's rescale (where a row of the warp grew; after wait<0>): al = 2^(mo - m), O and l times al.
+template <int D>
+__device__ __forceinline__ void fa90f8_rescale_o(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
+                                                 const float (&mo)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float al = pk_ex2_approx(mo[r] - m[r]);
+        l[r] *= al;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= al, o[4 * j + 2 * r + 1] *= al;
+    }
+}
+// _o's rest (after wait<0>): l += sum, P narrowed into pa (which P V^T no longer reads).
+template <int D>
+__device__ __forceinline__ void fa90f8_softmax_mf_o(const float (&s)[FA90F8_BC(D) / 2], float (&l)[2],
+                                                    unsigned (&pa)[FA90F8_BC(D) / 32][4], const float (&sum)[2]) {
+    constexpr int BC = FA90F8_BC(D);
+    l[0] += sum[0], l[1] += sum[1];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int j = 0; j < BC / 8; j += 2)
+            fa90f8_put(pa, j, r, s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r], s[4 * j + 5 + 2 * r]);
+}
+
 // The exact softmax of a tile from its raw scores (the boundary tiles, and a steady tile whose lazy softmax
 // failed): to log2 units, the mask (MASK: keys outside [rlo, rhi] of the row), fa90f8_softmax.
 template <int D, bool MASK>
@@ -305,7 +382,11 @@ __device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigne
 // other warpgroup issues while these wgmmas still run, and its softmax runs under them. The other warpgroup may
 // then still be running tile n's P V^T when this one transposes tile n + 2: V^T has 4 slots (FA90F8_VTS; 3 would
 // do: tile n + 3's transpose comes after a turn the other warpgroup handed over after its wait for tile n + 1's group).
-template <int D, bool PV, bool PP = false>
+// OVL (the ping-pong's steady steps, FA90F8_OVL): S is committed as a group of its own before P V^T, and this waits
+// for S alone (wait<1>); the caller waits for P V^T (wait<0>) after its softmax, still before its next turn, so the
+// slot argument above holds as it is (both groups complete before the warpgroup's next hand-over). K's slot is
+// released (empty) after S's wait, as before after the one group's.
+template <int D, bool PV, bool PP = false, bool OVL = false>
 __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2],
                                               const unsigned (&pa)[FA90F8_BC(D) / 32][4], unsigned long long dq,
                                               unsigned long long dk, unsigned long long dvt_prev,
@@ -317,6 +398,7 @@ __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC(D) / 2], floa
     if constexpr (PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
     fa90f8_issue_scores<D>(s, dq, dk);
+    if constexpr (OVL) pk_wgmma_commit();  // S its own group, first: wait<1> below waits for it alone
     if constexpr (PV) fa90f8_issue_pv<D>(o, pa, dvt_prev);
     pk_wgmma_commit();
     fa90f8_transpose_v<D>(vs_slot, vt_slot, ct);
@@ -324,7 +406,16 @@ __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC(D) / 2], floa
     if constexpr (PP) {
         static_assert(PV, "the ping-pong runs in the steady steps");
         pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn (and this half of the V^T), while these run
-        pk_wgmma_wait<0>();
+        if constexpr (OVL) {
+            // S has landed (K read); P V^T runs on under the caller's softmax, which waits for it (wait<0>)
+            // before it touches O or pa. S pinned after the wait: the front end would otherwise move the
+            // softmax's arithmetic on it above the wait (ptxas then serialises the wgmmas).
+            pk_wgmma_wait<1>();
+#pragma unroll
+            for (int x = 0; x < FA90F8_BC(D) / 2; x++) pk_wgmma_fence_operand(s[x]);
+        } else {
+            pk_wgmma_wait<0>();
+        }
     } else {
         if constexpr (PV) pk_wgmma_wait<0>();
         pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
@@ -363,7 +454,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                                                const int* __restrict__ cu_q = nullptr,
                                                const int* __restrict__ cu_k = nullptr) {
     constexpr int BC = FA90F8_BC(D), ST = FA90F8_ST, NB = D / 64, VTS = FA90F8_VTS(D);
-    constexpr bool PP = FA90F8_PP(D);
+    constexpr bool PP = FA90F8_PP(D), OVL = FA90F8_OVL(D);
     // REMAT (d256): Q's descriptor, the thread's query row and the CTA's batch, head and kv head (the epilogue's)
     // are found again where used, from threadIdx / blockIdx made opaque, rather than kept live through the loops
     // next to O's 128 accumulators, the next tile's S (32) and this one's P (8): kept, the descriptor and the
@@ -501,10 +592,34 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                 const unsigned st = i % ST;
                 // the V^T slots of the previous tile and of this one (VTS 2: the other slot and st)
                 const unsigned vprev = (i - 1) % VTS, vn = i % VTS;
-                fa90f8_scores<D, true, PP>(s, o, pa, dq, dk0 + st * KU, dvt0 + vprev * VU, vs + st * VS_BYTES,
-                                           vt + vn * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
+                fa90f8_scores<D, true, PP, OVL>(s, o, pa, dq, dk0 + st * KU, dvt0 + vprev * VU,
+                                                vs + st * VS_BYTES, vt + vn * V_BYTES, &full[st], &empty[st],
+                                                (i / ST) & 1, ct);
                 fa90_cap<SC, BC>(s, pre);
-                if constexpr (FA90F8_MF(D)) {
+                if constexpr (OVL) {
+                    // FA3's order: max, exp2 and l under P V^T of the previous tile; then wait<0>, and the rescale
+                    // of O and l and P's narrowing into pa after it. P and its sums pinned before the wait too, so
+                    // the front end keeps the exp2s and their sums above it (they feed only what follows it).
+                    float mo[2], sum[2];
+                    const bool any = fa90f8_softmax_mf_p<D>(s, m, mo, sum, sl2);
+#pragma unroll
+                    for (int x = 0; x < BC / 2; x++) pk_wgmma_fence_operand(s[x]);
+                    pk_wgmma_fence_operand(sum[0]), pk_wgmma_fence_operand(sum[1]);
+                    // wait<0> after the exp2s' block (ptxas's scheduler, block-local, hoisted it to the first
+                    // shuffle in theirs): first inside the vote's branch, before O's rescale, then after it (where
+                    // the branch was taken it finds nothing left to wait for)
+                    if (any) {
+                        pk_wgmma_wait<0>();
+#pragma unroll
+                        for (int x = 0; x < D / 2; x++) pk_wgmma_fence_operand(o[x]);
+                        fa90f8_rescale_o<D>(o, l, m, mo);
+                    }
+                    pk_wgmma_wait<0>();
+#pragma unroll
+                    for (int x = 0; x < BC / 2; x++) pk_wgmma_fence_operand(s[x]);
+                    fa90f8_softmax_mf_o<D>(s, l, pa, sum);
+                    ok = true;
+                } else if constexpr (FA90F8_MF(D)) {
                     fa90f8_softmax_mf<D>(s, o, m, l, pa, sl2);
                     ok = true;  // never redone: the redo below is dead code here
                 } else {

@@ -356,14 +356,30 @@ def _redo_path(live: list[tuple[int, str, str, str]], lo: int, hi: int, bra: "re
     return []
 
 
+def _voted(body: list[tuple[int, str, str, str]], k: int) -> bool:
+    """Whether the BRA at body[k] is guarded by the predicate a VOTE.ANY before it wrote last (the latest earlier
+    instruction whose first operand is that predicate, a guard not counting as a write, is that vote)."""
+    g = re.match(r"\s*@!?(U?P[0-9])\s", body[k][3])
+    if not g:
+        return body[k - 1][1] == "VOTE" and ".ANY" in body[k - 1][2]
+    pred = g.group(1)
+    for _, op, mods, raw in reversed(body[:k]):
+        ops = re.sub(r"^\s*@!?U?P[T0-9]+\s+", "", raw).split(None, 1)
+        if len(ops) == 2 and re.match(rf"{pred}\b", ops[1].strip()):
+            return op == "VOTE" and ".ANY" in mods
+    return False
+
+
 def _rate_p_block(body: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") -> list[tuple[int, str, str, str]]:
-    """The block inside a flat loop's body that a warp-uniform forward branch skips: a `BRA` right after a
-    `VOTE.ANY` (the vote's predicate: the warp agrees) to a later instruction of the body, the block between them
-    holding no MMA, barrier, branch or exit (the FP8 forward's row-max-first tile: O and l rescaled only where a
-    row of the warp grew, at the rate its lazy tile was redone). [] when there is none."""
+    """The block inside a flat loop's body that a warp-uniform forward branch skips: a `BRA` guarded by the
+    predicate a `VOTE.ANY` wrote (the warp agrees; the vote right before it, or earlier with no other write of that
+    predicate between: the FP8 forward's overlapped step votes before its exp2s and branches after them) to a later
+    instruction of the body, the block between them holding no MMA, barrier, branch or exit (the FP8 forward's
+    row-max-first tile: O and l rescaled only where a row of the warp grew, at the rate its lazy tile was redone).
+    [] when there is none."""
     for k in range(1, len(body)):
         a, op, _, rest = body[k]
-        if op != "BRA" or body[k - 1][1] != "VOTE" or ".ANY" not in body[k - 1][2]:
+        if op != "BRA" or not _voted(body, k):
             continue
         b = bra.search(rest)
         if not b or int(b.group(1), 16) <= a:
