@@ -215,6 +215,33 @@ __device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC(D
     return true;
 }
 
+// The scores scaled to log2 units in place (before the max, as a descale may be negative) and each of the
+// thread's two rows' max over its quad (fa90f8_softmax_mf and fa90f8_softmax_mf_p).
+template <int D>
+__device__ __forceinline__ void fa90f8_scaled_row_max(float (&s)[FA90F8_BC(D) / 2], float sl2, float (&mx)[2]) {
+    constexpr int BC = FA90F8_BC(D);
+#pragma unroll
+    for (int x = 0; x < BC / 2; x++) s[x] *= sl2;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float x = pk_wgmma_row_max<BC>(s, r, PK_NEG_INF);
+        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 1));
+        mx[r] = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 2));
+    }
+}
+// The rescale where a row of the warp grew: al = 2^(mo - m) from the old max mo to the new m, O and l times al.
+template <int D>
+__device__ __forceinline__ void fa90f8_rescale_o(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
+                                                 const float (&mo)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float al = pk_ex2_approx(mo[r] - m[r]);
+        l[r] *= al;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= al, o[4 * j + 2 * r + 1] *= al;
+    }
+}
+
 // The row-max-first softmax of a steady tile (FA90F8_MF(D)): the scores scaled to log2 units in place (before the
 // max, as a descale may be negative), the row max over the quad, O and l rescaled only where a row of the warp grew
 // (a warp-uniform branch, taken at the rate the lazy softmax redoes a tile), P = 2^(s - m + FA90F8_OFF) from the
@@ -226,26 +253,11 @@ __device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], 
                                                   float (&l)[2], unsigned (&pa)[FA90F8_BC(D) / 32][4], float sl2) {
     constexpr int BC = FA90F8_BC(D);
     float mx[2];
-    bool grew = false;
-#pragma unroll
-    for (int x = 0; x < BC / 2; x++) s[x] *= sl2;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float x = pk_wgmma_row_max<BC>(s, r, PK_NEG_INF);
-        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 1));
-        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 2));
-        mx[r] = x;
-        grew |= x > m[r];
-    }
-    if (__any_sync(PK_FULL_MASK, grew)) {  // warp-uniform: the rescale of the rows that grew (the others by 1)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const float mn = fmaxf(m[r], mx[r]), al = pk_ex2_approx(m[r] - mn);
-            m[r] = mn;
-            l[r] *= al;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= al, o[4 * j + 2 * r + 1] *= al;
-        }
+    fa90f8_scaled_row_max<D>(s, sl2, mx);
+    if (__any_sync(PK_FULL_MASK, mx[0] > m[0] || mx[1] > m[1])) {  // warp-uniform: the rows that grew (others by 1)
+        const float mo[2] = {m[0], m[1]};
+        m[0] = fmaxf(m[0], mx[0]), m[1] = fmaxf(m[1], mx[1]);
+        fa90f8_rescale_o<D>(o, l, m, mo);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -275,18 +287,11 @@ template <int D>
 __device__ __forceinline__ bool fa90f8_softmax_mf_p(float (&s)[FA90F8_BC(D) / 2], float (&m)[2], float (&mo)[2],
                                                     float (&sum)[2], float sl2) {
     constexpr int BC = FA90F8_BC(D);
-    bool grew = false;
+    float mx[2];
+    fa90f8_scaled_row_max<D>(s, sl2, mx);
+    const bool grew = mx[0] > m[0] || mx[1] > m[1];
 #pragma unroll
-    for (int x = 0; x < BC / 2; x++) s[x] *= sl2;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float x = pk_wgmma_row_max<BC>(s, r, PK_NEG_INF);
-        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 1));
-        x = fmaxf(x, __shfl_xor_sync(PK_FULL_MASK, x, 2));
-        grew |= x > m[r];
-        mo[r] = m[r];
-        m[r] = fmaxf(m[r], x);
-    }
+    for (int r = 0; r < 2; r++) mo[r] = m[r], m[r] = fmaxf(m[r], mx[r]);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float base = m[r] - (float)FA90F8_OFF;
@@ -304,18 +309,6 @@ __device__ __forceinline__ bool fa90f8_softmax_mf_p(float (&s)[FA90F8_BC(D) / 2]
         sum[r] = acc;
     }
     return __any_sync(PK_FULL_MASK, grew);
-}
-// _o's rescale (where a row of the warp grew; after wait<0>): al = 2^(mo - m), O and l times al.
-template <int D>
-__device__ __forceinline__ void fa90f8_rescale_o(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
-                                                 const float (&mo)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float al = pk_ex2_approx(mo[r] - m[r]);
-        l[r] *= al;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= al, o[4 * j + 2 * r + 1] *= al;
-    }
 }
 // _o's rest (after wait<0>): l += sum, P narrowed into pa (which P V^T no longer reads).
 template <int D>

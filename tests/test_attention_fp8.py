@@ -368,6 +368,14 @@ def test_fp8_steady_loop_is_pipelined(d, cap, fp8_sass) -> None:
 _INSN = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);")
 
 
+def _loop_insns(fp8_sass, name: str) -> tuple[str, list[str]]:
+    """(the kernel's SASS, the instructions of its steady loop in order) from the fp8_sass fixture."""
+    _, text, loops = fp8_sass
+    body = text.split(f"Function : {name}\n", 1)[1].split("Function :", 1)[0]
+    lo, hi = int(loops[name]["start"], 16), int(loops[name]["end"], 16)
+    return body, [m[2].strip() for m in _INSN.finditer(body) if lo <= int(m[1], 16) <= hi]
+
+
 @pytest.mark.parametrize("d,cap", sorted(FP8_LOOP_BAR))
 def test_fp8_steady_loop_ping_pongs_from_d128(d, cap, fp8_sass) -> None:
     # FA3's warp scheduler barriers, as the bf16 d128 kernel (here at d128 and d256): each step's QGMMA group is issued between a BAR.SYNC
@@ -375,11 +383,7 @@ def test_fp8_steady_loop_ping_pongs_from_d128(d, cap, fp8_sass) -> None:
     # consumer warpgroups (256 threads = 0x100); no QGMMA of the loop lies outside a turn, and the V^T barrier
     # (BAR.SYNC 0x1) is out of the loop. Consumer 1 opens the game once outside it (BAR.ARV 0x3, 0x100). d64
     # keeps its V^T barrier in the loop and has no turns.
-    _, text, loops = fp8_sass
-    name = sm90.fp8_kernel_name(d, cap)
-    body = text.split(f"Function : {name}\n", 1)[1].split("Function :", 1)[0]
-    lo, hi = int(loops[name]["start"], 16), int(loops[name]["end"], 16)
-    insns = [m[2].strip() for m in _INSN.finditer(body) if lo <= int(m[1], 16) <= hi]
+    body, insns = _loop_insns(fp8_sass, sm90.fp8_kernel_name(d, cap))
     sync = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x100$")
     arv = re.compile(r"BAR\.ARV R\d+, 0x100$")
     vt = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x100$")
@@ -410,11 +414,7 @@ def test_fp8_steady_loop_overlaps_the_softmax_with_p_v(d, cap, fp8_sass) -> None
     # with softcap the tanhs) but the rescale block's 2 lies between that wait and the first wait for P V^T (0x0):
     # ptxas hoists that wait above them when it shares their block (see fa90f8_forward's steady loop). d64: one
     # group, one wait<0>, the softmax after it.
-    _, text, loops = fp8_sass
-    name = sm90.fp8_kernel_name(d, cap)
-    body = text.split(f"Function : {name}\n", 1)[1].split("Function :", 1)[0]
-    lo, hi = int(loops[name]["start"], 16), int(loops[name]["end"], 16)
-    insns = [m[2].strip() for m in _INSN.finditer(body) if lo <= int(m[1], 16) <= hi]
+    _, insns = _loop_insns(fp8_sass, sm90.fp8_kernel_name(d, cap))
     w1 = [k for k, i in enumerate(insns) if i.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1")]
     w0 = [k for k, i in enumerate(insns) if i.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0")]
     mufu = [k for k, i in enumerate(insns) if i.startswith("MUFU")]

@@ -38,6 +38,14 @@ def snapshot(tmp_path) -> am.SassSnapshot:
     return am.SassSnapshot(path)
 
 
+def sass_listing(body: list[str]) -> str:
+    """cuobjdump -sass text of one function "k" whose instructions are `body`, 16 bytes apart from 0x0."""
+    lines = ["\t\tFunction : k"]
+    for i, t in enumerate(body):
+        lines.append(f"        /*{16 * i:04x}*/                   {t} ;                /* 0x0000000000000000 */")
+    return "\n".join(lines) + "\n"
+
+
 def fp8_listing() -> str:
     """A flat QGMMA loop whose warp vote falls through to a redo block that branches back to two instructions
     before the loop's head (the FP8 forward's shape): re-entry, loop, exit branch, redo, back branch."""
@@ -54,10 +62,7 @@ def fp8_listing() -> str:
             "FFMA R5, R5, R6, R7",
             "@P1 BRA 0x10",  # 0xb0: back to the re-entry
             "EXIT"]
-    lines = ["\t\tFunction : k"]
-    for i, t in enumerate(body):
-        lines.append(f"        /*{16 * i:04x}*/                   {t} ;                /* 0x0000000000000000 */")
-    return "\n".join(lines) + "\n"
+    return sass_listing(body)
 
 
 def test_qgmma_counts_2n_over_8_and_its_operand_bytes_and_the_redo_path_is_read():
@@ -94,10 +99,7 @@ def mf_listing() -> str:
             "FADD R7, R7, R1",  # 0x70
             "@P0 BRA 0x0",  # the back branch
             "EXIT"]
-    lines = ["\t\tFunction : k"]
-    for i, t in enumerate(body):
-        lines.append(f"        /*{16 * i:04x}*/                   {t} ;                /* 0x0000000000000000 */")
-    return "\n".join(lines) + "\n"
+    return sass_listing(body)
 
 
 def test_the_rescale_block_a_vote_skips_is_the_rate_p_code():

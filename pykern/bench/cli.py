@@ -215,33 +215,28 @@ def _annotate(rows: list[dict[str, Any]], selected: Sequence[tuple[suite.Case, s
                                 if case is not None and r["impl"] == "pykern" else None)
 
 
+def _sass_table(args: argparse.Namespace, model: str, build: Any, fmt: Any, fields: Any) -> int:
+    """An --attention-model table read from today's SASS (--fp8, --bulk-dq): build() its rows, print fmt(rows),
+    or with --json the document with fields(rows); EXIT_FAILED where the SASS cannot be read here."""
+    try:
+        rows = build()
+    except Exception as e:  # no cuobjdump, no NVRTC: today's SASS cannot be read here
+        print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": model, **fields(rows)}, indent=1))
+    else:
+        print(fmt(rows))
+    return EXIT_OK
+
+
 def _attention_model(args: argparse.Namespace) -> int:
     from . import attention_model as am
 
     if args.fp8:
-        try:
-            doc = am.fp8_table_rows()
-        except Exception as e:  # no cuobjdump, no NVRTC: today's SASS cannot be read here
-            print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
-            return EXIT_FAILED
-        if args.json:
-            print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": "attention-fp8", **doc},
-                             indent=1))
-        else:
-            print(am.format_fp8_table(doc))
-        return EXIT_OK
+        return _sass_table(args, "attention-fp8", am.fp8_table_rows, am.format_fp8_table, lambda doc: doc)
     if args.bulk_dq:
-        try:
-            rows = am.bulk_dq_rows()
-        except Exception as e:  # no cuobjdump, no NVRTC: today's SASS cannot be read here
-            print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
-            return EXIT_FAILED
-        if args.json:
-            print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": "attention-bulk-dq",
-                              "rows": rows}, indent=1))
-        else:
-            print(am.format_bulk_dq(rows))
-        return EXIT_OK
+        return _sass_table(args, "attention-bulk-dq", am.bulk_dq_rows, am.format_bulk_dq, lambda rows: {"rows": rows})
     if args.fit is not None or args.compare is not None:
         path = args.fit if args.fit is not None else (args.compare or am.MEASURED)
         try:
