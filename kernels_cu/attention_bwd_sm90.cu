@@ -66,11 +66,10 @@
 // the swap buffers: 2 (tile parity) x 3 slots (P^T, dP^T - delta, and with softcap P^T (1 - t^2); one size for
 // both) x C / 2 floats x 128 threads
 #define AB90_XCH_BYTES(C) (2 * 3 * ((C) / 2) * 128 * 4)
-// head-dim columns per TMA box and wgmma swizzle atom row: 64 (128-byte rows, 128B swizzle) where D is a multiple
-// of 64, else 32 (64-byte rows, 64B swizzle): d96 is three 32-column boxes, as FA3 lays out head_dim 96 (the
-// largest swizzle whose row divides the head dim's bytes), so one tensor map per array serves every box.
-#define AB90_BOX(D) ((D) % 64 ? 32 : 64)
-#define AB90_SWIZZLE(D) ((D) % 64 ? PK_SWIZZLE_64B : PK_SWIZZLE_128B)
+// Head-dim columns per TMA box and wgmma swizzle atom row: PkAttnBox (pk_attn_tc.cuh, the forward's too): 64
+// (128-byte rows, 128B swizzle) where D is a multiple of 64, else 32 (64-byte rows, 64B swizzle): d96 is three
+// 32-column boxes, as FA3 lays out head_dim 96 (the largest swizzle whose row divides the head dim's bytes), so one
+// tensor map per array serves every box.
 #define AB90_STAGES 2
 #define AB90_THREADS 384
 // Dynamic shared bytes, head dims D (q, k) and DV (v, dO); each kernel static_asserts its carve-up against its
@@ -95,13 +94,14 @@ template <> struct Ab90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 template <bool B> struct Ab90Bool { static constexpr bool value = B; };  // a compile-time flag for a generic lambda
 
 // X = A1 B1^T (K = D1) and Y = A2 B2^T (K = D2) for one consumer warpgroup: 64 rows x STEP columns each. A from
-// the resident tiles (AROWS rows per box), B from a streamed tile (STEP rows per box); boxes of AB90_BOX(D)
-// columns (rows of 2 * AB90_BOX(D) bytes), a k-step 32 bytes further inside a box row.
+// the resident tiles (AROWS rows per box), B from a streamed tile (STEP rows per box); boxes of
+// PkAttnBox<D>::COLS columns (rows of PkAttnBox<D>::ROW bytes), a k-step 32 bytes further inside a box row.
 template <int DT, int D1, int D2, int AROWS, int C>
 __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[C / 2],
                                                   unsigned long long a1, unsigned long long b1,
                                                   unsigned long long a2, unsigned long long b2) {
-    constexpr int KB1 = AB90_BOX(D1) / 16, RB1 = AB90_BOX(D1) * 2, KB2 = AB90_BOX(D2) / 16, RB2 = AB90_BOX(D2) * 2;
+    constexpr int KB1 = PkAttnBox<D1>::KSTEPS, RB1 = PkAttnBox<D1>::ROW, KB2 = PkAttnBox<D2>::KSTEPS,
+                  RB2 = PkAttnBox<D2>::ROW;
     pk_wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D1 / 16; ks++) {
@@ -183,8 +183,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                                           float* __restrict__ dq_acc = nullptr, int* __restrict__ dq_sem = nullptr,
                                           int nq_pad = 0) {
     // D: head_dim of q and k (S^T's k-steps, dK); DV: of v and dO (dP^T's k-steps, dV). Boxes of BQ / BV columns,
-    // rows of RQ / RV bytes (AB90_BOX); NB / NBV boxes a tile.
-    constexpr int DT = Ab90Dt<T>::V, BQ = AB90_BOX(D), BV = AB90_BOX(DV), NB = D / BQ, NBV = DV / BV;
+    // rows of RQ / RV bytes (PkAttnBox); NB / NBV boxes a tile.
+    constexpr int DT = Ab90Dt<T>::V, BQ = PkAttnBox<D>::COLS, BV = PkAttnBox<DV>::COLS, NB = D / BQ, NBV = DV / BV;
     constexpr int RQ = 2 * BQ, RV = 2 * BV, R = AB90_DKDV_ROWS(D, DV), C = AB90_DKDV_STEP(D, DV), ST = AB90_STAGES;
     // SPL (AB90_DKDV_SPLIT): both consumers own the CTA's 64 keys, consumer c dK / dV's head-dim columns c * DKN.. /
     // c * DVN..; else consumer c owns keys 64c.. and every column
@@ -326,7 +326,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     pk_attn_k_row(key0 + 8, n_q, n_k, window_left, window_right, qlo[1], qhi[1]);
     // K-major: 8-row groups SBO = 8 rows apart; MN-major: LBO = one box (C rows) to the next head-dim columns,
     // SBO = 8 rows (k) apart (pk_ptx.cuh's canonical layouts)
-    constexpr int SWQ = AB90_SWIZZLE(D), SWV = AB90_SWIZZLE(DV);
+    constexpr int SWQ = PkAttnBox<D>::SWIZZLE, SWV = PkAttnBox<DV>::SWIZZLE;
     const unsigned long long dk_a = pk_wgmma_desc(ks + (SPL ? 0 : c * 64 * RQ), 16, 8 * RQ, SWQ);
     const unsigned long long dv_a = pk_wgmma_desc(vs + (SPL ? 0 : c * 64 * RV), 16, 8 * RV, SWV);
     // SPL: this consumer's dK / dV columns start at box c * NB / 2 / c * NBV / 2 of the streamed Q / dO tile
@@ -928,7 +928,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
                                         int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
                                         int window_left, int window_right, float softcap = 0.0f) {
     // D: head_dim of q and k (S's k-steps, dQ); DV: of v and dO (dP's k-steps); boxes as in ab90_dkdv
-    constexpr int DT = Ab90Dt<T>::V, BQ = AB90_BOX(D), BV = AB90_BOX(DV), NB = D / BQ, NBV = DV / BV;
+    constexpr int DT = Ab90Dt<T>::V, BQ = PkAttnBox<D>::COLS, BV = PkAttnBox<DV>::COLS, NB = D / BQ, NBV = DV / BV;
     constexpr int RQ = 2 * BQ, RV = 2 * BV, R = AB90_ROWS, C = AB90_DQ_STEP(D), ST = AB90_STAGES;
     constexpr unsigned Q_BYTES = R * D * 2, DO_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, V_STEP_BYTES = C * DV * 2;
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
@@ -1002,7 +1002,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
         l2[r] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
         dl[r] = row < n_q ? delta[idx] : 0.0f;
     }
-    constexpr int SWQ = AB90_SWIZZLE(D), SWV = AB90_SWIZZLE(DV);  // descriptors as in ab90_dkdv
+    constexpr int SWQ = PkAttnBox<D>::SWIZZLE, SWV = PkAttnBox<DV>::SWIZZLE;  // descriptors as in ab90_dkdv
     const unsigned long long dq_a = pk_wgmma_desc(qs + c * 64 * RQ, 16, 8 * RQ, SWQ);
     const unsigned long long ddo_a = pk_wgmma_desc(dos + c * 64 * RV, 16, 8 * RV, SWV);
     const unsigned long long dk_b = pk_wgmma_desc(ks, 16, 8 * RQ, SWQ);

@@ -66,8 +66,8 @@ CTAS_PER_SM = 1
 
 def box(d: int) -> tuple[int, str]:
     """(head-dim columns per TMA box, swizzle) of the sm_90a forward and backward at head_dim d (the .cu's
-    PkAttnBox, AB90_BOX / AB90_SWIZZLE): 64 columns (128-byte rows, 128B swizzle) where d is a multiple of 64, else
-    32 (64-byte rows, 64B swizzle: d96 is three boxes, FA3's layout)."""
+    PkAttnBox): 64 columns (128-byte rows, 128B swizzle) where d is a multiple of 64, else 32 (64-byte rows, 64B
+    swizzle: d96 is three boxes, FA3's layout)."""
     return (32, "64B") if d % 64 else (64, "128B")
 
 
@@ -460,12 +460,6 @@ def bwd_dkdv_shared_bytes(d: int, d_v: int | None = None) -> int:
     return rows * (d + d_v) * 2 + 2 * c * (d + d_v) * 2 + xch + 1024
 
 
-def bwd_box(d: int) -> tuple[int, str]:
-    """(head-dim columns per TMA box, swizzle) at head_dim d (AB90_BOX / AB90_SWIZZLE): 64 columns (128-byte
-    rows, 128B swizzle) where d is a multiple of 64, else 32 (64-byte rows, 64B swizzle: d96 is three boxes)."""
-    return box(d)
-
-
 def bwd_shared_bytes(d: int, step: int, d_v: int | None = None) -> int:
     """Dynamic shared memory of a backward kernel at head_dim d, head_dim_v d_v (default d) with `step` rows a
     streamed tile (AB90_SMEM_BYTES; the dQ kernel's, and the dK/dV kernel's where it keeps BWD_ROWS keys and does
@@ -492,7 +486,7 @@ def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str |
 
 def _tensor_maps(name: str, rows: tuple[int, int], q4: Any, g4: Any, k4: Any, v4: Any,
                  qk_box: tuple[int, str] | None = None) -> list:
-    """The backward's tensor maps over q, dO, k, v (4-D views): boxes of bwd_box columns by rows[0] (q, dO) /
+    """The backward's tensor maps over q, dO, k, v (4-D views): boxes of `box` columns by rows[0] (q, dO) /
     rows[1] (k, v) rows, each array at its own head dim (q, k: head_dim; v, dO: head_dim_v); qk_box: q's and k's
     (columns, swizzle) instead (`bwd_fused_qk_box`)."""
     from .. import arrays
@@ -500,7 +494,7 @@ def _tensor_maps(name: str, rows: tuple[int, int], q4: Any, g4: Any, k4: Any, v4
 
     out = []
     for i, (a, r) in enumerate(((q4, rows[0]), (g4, rows[0]), (k4, rows[1]), (v4, rows[1]))):
-        cols, swizzle = qk_box if qk_box is not None and i in (0, 2) else bwd_box(arrays.shape_of(a)[3])
+        cols, swizzle = qk_box if qk_box is not None and i in (0, 2) else box(arrays.shape_of(a)[3])
         out.append(make_tensor_map(a, (1, r, 1, cols), swizzle, backend=name))
     return out
 
@@ -525,7 +519,7 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     c = bwd_dkdv_step(d, d_v)
     q4, k4 = q.reshape((b, n_q, h, d)), k.reshape((b, n_k, kvh, d))
     g4, v4 = g.reshape((b, n_q, h, d_v)), v.reshape((b, n_k, kvh, d_v))
-    try:  # q, dO, k, v; boxes of bwd_box head-dim columns
+    try:  # q, dO, k, v; boxes of `box` head-dim columns
         kv_maps = _tensor_maps(name, (c, bwd_dkdv_rows(d, d_v)), q4, g4, k4, v4)
         q_maps = _tensor_maps(name, (BWD_ROWS, bwd_dq_step(d)), q4, g4, k4, v4)
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the mma.sync kernels take it
@@ -575,7 +569,7 @@ def bwd_fused_step(d: int, d_v: int | None = None) -> int:
 
 
 def bwd_fused_qk_box(d: int, d_v: int | None = None) -> tuple[int, str] | None:
-    """q's and k's TMA boxes of the fused kernel where they are not `bwd_box`'s: 32 columns, 64B swizzle on
+    """q's and k's TMA boxes of the fused kernel where they are not `box`'s: 32 columns, 64B swizzle on
     FlashAttention-3's tiling (its dQ halves read K MN-major 96 columns wide, three 32-column atoms)."""
     return (32, "64B") if bwd_fused_kt(d, d_v) else None
 
@@ -649,7 +643,7 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
     c = bwd_fused_step(d, d_v)
     q4, g4 = q.reshape((b, n_q, h, d)), g.reshape((b, n_q, h, d_v))
     k4, v4 = k.reshape((b, n_k, kvh, d)), v.reshape((b, n_k, kvh, d_v))
-    try:  # boxes as the dK/dV kernel's: bwd_box head-dim columns by c queries / `rows` keys
+    try:  # boxes as the dK/dV kernel's: `box` head-dim columns by c queries / `rows` keys
         tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4, bwd_fused_qk_box(d, d_v))
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the caller takes another path
         return False
