@@ -87,13 +87,16 @@
 #endif
 // FEX(D, SC): of every 4 n-tiles (8 keys each) of a steady tile, how many take their exp2 on the FMA pipe
 // (pk_exp2_fma, fa90f8_exp2) instead of MUFU.EX2. QGMMA runs at twice the bf16 rate, so the MUFU binds sooner than
-// in the bf16 kernel. The attention model (python -m pykern.bench --attention-model --fp8; the FP8 d64 rows,
-// random scores, a modelled bound on H100's sm_90a part from this file's SASS) with all exp2s on MUFU: d64 dense
-// issue-bound (16384 keys, not causal: issue 2384 us, MUFU 2313, tensor 1146; 554 instructions a tile), so an exp2
-// moved to the FMA pipe (about 9 instructions for one MUFU) only adds to the binding term: 0 there. d64 softcap
-// MUFU-bound (4605 us against issue 2958: a tanh and an exp2 a score): 1 in 4 n-tiles (16 of a thread's 128
-// MUFUs a tile) moves it to MUFU-bound at about 4030 us, issue near 3610; 2 in 4 would make the issue term bind
-// near 4260. d128 / d256 (not modelled here): 0, as before.
+// in the bf16 kernel. The attention model's FP8 rows (python -m pykern.bench --attention-model --fp8: modelled
+// bounds on H100's sm_90a part from this file's SASS, random scores; d64 16384 keys, not causal): d64 is
+// issue-bound with every exp2 on MUFU (issue 2384 us, MUFU 2313, tensor 1146; 554 instructions a tile), so an
+// exp2 moved to the FMA pipe (about 8 instructions more than its MUFU) only adds to the binding term: 0 there. d64
+// softcap (a tanh and an exp2 a score) was MUFU-bound: 4605 us against issue 2958 (682 a tile). One n-tile in four
+// (16 of a thread's 128 MUFUs a tile; 811 instructions) leaves MUFU binding at 4032 us, issue 3535; two in four
+// (939 instructions) would let the issue term bind near 4110. d128 / d256 without softcap: 0 (the issue term binds
+// at d128, shared memory and the tensor pipe at d256). Their softcap kernels keep 0 too, although at d128 MUFU
+// binds (16384 keys: 2302 us against issue 1520), where one in four models 2016 us (852 instructions, 0 spills, in
+// a trimmed compile): not taken yet, its tests and tolerance not run (d256 softcap: MUFU 1156 against tensor 1146).
 #ifndef FA90F8_FEX
 #define FA90F8_FEX(D, SC) ((D) == 64 && (SC) ? 1 : 0)
 #endif

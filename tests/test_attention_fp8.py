@@ -304,6 +304,28 @@ def test_fp8_d64_overlap_is_clean_under_racecheck_and_needs_the_vt_barrier_after
 
 
 @pytest.mark.usefixtures("sm90_host")
+def test_fp8_d64_softcap_steps_with_fma_exp2s_match_float64(monkeypatch) -> None:
+    """The d64 softcap kernel's four overlapped steps (OVL64_SHAPE), a quarter of their exp2s on the FMA pipe
+    (FA90F8_FEX: pk_exp2_fma, relative error 8.6e-5 before P's e4m3 rounding): within the FP8 row of float64
+    attention with the cap, racecheck-clean."""
+    b, n_q, n_k, h, n_kv, d, causal, per_head = OVL64_SHAPE
+    q8, k8, v8, qd, kd, vd = fp8_inputs(12, b, n_q, n_k, h, n_kv, d, per_head)
+    names = _record(monkeypatch)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    sc, cap = 4.0 / np.sqrt(d), 6.0  # scores up to about 16-20: c = 6 changes the result
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, softcap=cap, scale=sc, q_descale=qd, k_descale=kd,
+                                   v_descale=vd, return_lse=True, backend="host")
+    assert names == [sm90.fp8_kernel_name(d, cap)] and FP8_EXP2_FMA[d, 1.0] == 1
+    dq_, dk_, dv_ = (dequantized(x, s, n_kv) for x, s in ((q8, qd), (k8, kd), (v8, vd)))
+    ref, ref_lse = np_flash_attention(dq_, dk_, dv_, causal, sc, (-1, -1), cap)
+    err = rel_rms(out, ref)
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    assert rel_rms(np_flash_attention(dq_, dk_, dv_, causal, sc)[0], ref) > 10 * err  # the cap applied
+    atol, rtol = tolerance("flash_attention", "bf16")
+    assert np.all(np.abs(lse - ref_lse) <= atol + rtol * np.abs(ref_lse))
+
+
+@pytest.mark.usefixtures("sm90_host")
 def test_fp8_descales_fold_into_the_result(monkeypatch) -> None:
     """Descales of 1 against per-tensor ones: out scales with v_descale, the softmax with q_descale * k_descale."""
     q8, k8, v8, _, _, _ = fp8_inputs(4, 1, 64, 128, 2, 2, 64, False)
