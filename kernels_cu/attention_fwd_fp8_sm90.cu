@@ -29,11 +29,12 @@
 //               consumer's bf16 rows in its V slot (the spent K / V ring: see fa90f8_forward's epilogue) and
 //               stores them with 16-byte stores (pk_attn_tc.cuh, as attention_fwd_sm90.cu's varlen kernels).
 // Steady state: each step issues S of the next tile with O += P V^T of the previous one, the V^T of the next tile
-// written while they run (d256: with 64-key tiles, which leave the registers for that). At d128 and d256 the two
-// consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas), the turn's
-// hand-over doubling as the V^T barrier there, and S and P V^T are two wgmma groups (FA90F8_OVL, FA3's
-// intra-warpgroup overlap: the softmax's max, exp2 and l of the next tile under this warpgroup's P V^T, the rescale
-// of O after it); d64 issues them as one group and runs the softmax after both.
+// written while they run (d256: with 64-key tiles, which leave the registers for that). S and P V^T are two wgmma
+// groups at every head dim (FA90F8_OVL, FA3's intra-warpgroup overlap: the softmax's max, exp2 and l of the next
+// tile under this warpgroup's P V^T, the rescale of O after it). At d128 and d256 the two consumer warpgroups
+// ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas), the turn's hand-over doubling
+// as the V^T barrier there; d64 meets the other warpgroup on the V^T barrier after its wait for P V^T, and takes a
+// quarter of its softcap tiles' exp2s on the FMA pipe (FA90F8_FEX).
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (slots
 // FA90F8_VSLOT apart; each [rows][64] box one TMA load, 64B swizzle), V^T [VTS][BC/64][D][64] (64B swizzle;
 // FA90F8_VTS slots), then the mbarriers.
@@ -74,13 +75,30 @@
 #define FA90F8_MF(D) 1
 #endif
 #define FA90F8_VTS(D) (FA90F8_PP(D) ? 4 : FA90F8_ST)
-// OVL(D): FA3's intra-warpgroup overlap in the ping-pong's steady steps (fa90f8_scores with OVL): S of the next
-// tile and O += P V^T of the previous one as two wgmma groups, S first; wait<1> waits for S alone, so the softcap,
-// the row max, exp2 and l of the next tile (fa90f8_softmax_mf_p) run while P V^T still accumulates into O; then
-// wait<0>, and only after it the rescale of O and P's narrowing to e4m3 into the A registers that P V^T read
-// (fa90f8_softmax_mf_o). Needs MF (the lazy softmax's redo is not split).
+// OVL(D): FA3's intra-warpgroup overlap in the steady steps (fa90f8_scores with OVL): S of the next tile and O +=
+// P V^T of the previous one as two wgmma groups, S first; wait<1> waits for S alone, so the softcap, the row max,
+// exp2 and l of the next tile (fa90f8_softmax_mf_p) run while P V^T still accumulates into O; then wait<0>, and
+// only after it the rescale of O and P's narrowing to e4m3 into the A registers that P V^T read
+// (fa90f8_softmax_mf_o). With the ping-pong (d128 / d256) and without it (d64: the V^T barrier then follows the
+// caller's wait<0>). Needs MF (the lazy softmax's redo is not split). Defined as 0 (-DFA90F8_OVL(D)=0): one group
+// and wait<0> before the softmax, the loops before the overlap.
 #ifndef FA90F8_OVL
-#define FA90F8_OVL(D) (FA90F8_PP(D) && FA90F8_MF(D))
+#define FA90F8_OVL(D) (FA90F8_MF(D))
+#endif
+// FEX(D, SC): of every 4 n-tiles (8 keys each) of a steady tile, how many take their exp2 on the FMA pipe
+// (pk_exp2_fma, fa90f8_exp2) instead of MUFU.EX2. QGMMA runs at twice the bf16 rate, so the MUFU binds sooner than
+// in the bf16 kernel. The attention model's FP8 rows (python -m pykern.bench --attention-model --fp8: modelled
+// bounds on H100's sm_90a part from this file's SASS, random scores; d64 16384 keys, not causal): d64 is
+// issue-bound with every exp2 on MUFU (issue 2384 us, MUFU 2313, tensor 1146; 554 instructions a tile), so an
+// exp2 moved to the FMA pipe (about 8 instructions more than its MUFU) only adds to the binding term: 0 there. d64
+// softcap (a tanh and an exp2 a score) was MUFU-bound: 4605 us against issue 2958 (682 a tile). One n-tile in four
+// (16 of a thread's 128 MUFUs a tile; 811 instructions) leaves MUFU binding at 4032 us, issue 3535; two in four
+// (939 instructions) would let the issue term bind near 4110. d128 / d256 without softcap: 0 (the issue term binds
+// at d128, shared memory and the tensor pipe at d256). Their softcap kernels keep 0 too, although at d128 MUFU
+// binds (16384 keys: 2302 us against issue 1520), where one in four models 2016 us (852 instructions, 0 spills, in
+// a trimmed compile): not taken yet, its tests and tolerance not run (d256 softcap: MUFU 1156 against tensor 1146).
+#ifndef FA90F8_FEX
+#define FA90F8_FEX(D, SC) ((D) == 64 && (SC) ? 1 : 0)
 #endif
 // Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
 // it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.
@@ -242,13 +260,21 @@ __device__ __forceinline__ void fa90f8_rescale_o(float (&o)[D / 2], float (&l)[2
     }
 }
 
+// 2^x of a score of n-tile j (8 keys) of a steady tile: on the FMA pipe (pk_exp2_fma) where j % 4 < FEX
+// (FA90F8_FEX), else MUFU.EX2 (j is a constant once the loops unroll). x <= FA90F8_OFF here (the row max first), so
+// pk_exp2_fma's clamp to [-127, 127] never bites from above (it would give 2^127 for x >= 127, as the bf16 kernel's).
+template <int FEX>
+__device__ __forceinline__ float fa90f8_exp2(int j, float x) {
+    return j % 4 < FEX ? pk_exp2_fma(x) : pk_ex2_approx(x);
+}
+
 // The row-max-first softmax of a steady tile (FA90F8_MF(D)): the scores scaled to log2 units in place (before the
 // max, as a descale may be negative), the row max over the quad, O and l rescaled only where a row of the warp grew
 // (a warp-uniform branch, taken at the rate the lazy softmax redoes a tile), P = 2^(s - m + FA90F8_OFF) from the
 // new max: the exact online softmax's P (the new max gives 8 exactly), never redone, one exp2 a score. m is finite
 // here (the first steady tile ran the exact softmax over scores every row sees). Against the lazy softmax it adds
 // the max (FMNMX, 4 shuffles) and the vote to every tile, and drops the redo's second exp2 a score.
-template <int D>
+template <int D, int FEX = 0>
 __device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2], float (&m)[2],
                                                   float (&l)[2], unsigned (&pa)[FA90F8_BC(D) / 32][4], float sl2) {
     constexpr int BC = FA90F8_BC(D);
@@ -265,10 +291,10 @@ __device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], 
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; j += 2) {
-            const float p0 = pk_ex2_approx(s[4 * j + 2 * r] - base);
-            const float p1 = pk_ex2_approx(s[4 * j + 2 * r + 1] - base);
-            const float p2 = pk_ex2_approx(s[4 * j + 4 + 2 * r] - base);
-            const float p3 = pk_ex2_approx(s[4 * j + 5 + 2 * r] - base);
+            const float p0 = fa90f8_exp2<FEX>(j, s[4 * j + 2 * r] - base);
+            const float p1 = fa90f8_exp2<FEX>(j, s[4 * j + 2 * r + 1] - base);
+            const float p2 = fa90f8_exp2<FEX>(j + 1, s[4 * j + 4 + 2 * r] - base);
+            const float p3 = fa90f8_exp2<FEX>(j + 1, s[4 * j + 5 + 2 * r] - base);
             sum += (p0 + p1) + (p2 + p3);
             fa90f8_put(pa, j, r, p0, p1, p2, p3);
         }
@@ -283,7 +309,7 @@ __device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], 
 // above every exp2. Returns whether a row of the warp grew (warp-uniform). _o, after wait<0>: where a row of the
 // warp grew (fa90f8_rescale_o), the factor al = 2^(mo - m) (2 MUFU) and O and l rescaled by it; l += sum; P
 // narrowed into pa.
-template <int D>
+template <int D, int FEX = 0>
 __device__ __forceinline__ bool fa90f8_softmax_mf_p(float (&s)[FA90F8_BC(D) / 2], float (&m)[2], float (&mo)[2],
                                                     float (&sum)[2], float sl2) {
     constexpr int BC = FA90F8_BC(D);
@@ -302,8 +328,8 @@ __device__ __forceinline__ bool fa90f8_softmax_mf_p(float (&s)[FA90F8_BC(D) / 2]
             float& p1 = s[4 * j + 2 * r + 1];
             float& p2 = s[4 * j + 4 + 2 * r];
             float& p3 = s[4 * j + 5 + 2 * r];
-            p0 = pk_ex2_approx(p0 - base), p1 = pk_ex2_approx(p1 - base);
-            p2 = pk_ex2_approx(p2 - base), p3 = pk_ex2_approx(p3 - base);
+            p0 = fa90f8_exp2<FEX>(j, p0 - base), p1 = fa90f8_exp2<FEX>(j, p1 - base);
+            p2 = fa90f8_exp2<FEX>(j + 1, p2 - base), p3 = fa90f8_exp2<FEX>(j + 1, p3 - base);
             acc += (p0 + p1) + (p2 + p3);
         }
         sum[r] = acc;
@@ -375,10 +401,13 @@ __device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigne
 // other warpgroup issues while these wgmmas still run, and its softmax runs under them. The other warpgroup may
 // then still be running tile n's P V^T when this one transposes tile n + 2: V^T has 4 slots (FA90F8_VTS; 3 would
 // do: tile n + 3's transpose comes after a turn the other warpgroup handed over after its wait for tile n + 1's group).
-// OVL (the ping-pong's steady steps, FA90F8_OVL): S is committed as a group of its own before P V^T, and this waits
-// for S alone (wait<1>); the caller waits for P V^T (wait<0>) after its softmax, still before its next turn, so the
-// slot argument above holds as it is (both groups complete before the warpgroup's next hand-over). K's slot is
-// released (empty) after S's wait, as before after the one group's.
+// OVL (the steady steps, FA90F8_OVL): S is committed as a group of its own before P V^T, and this waits for S
+// alone (wait<1>); the caller waits for P V^T (wait<0>) after its softmax. With PP that is still before its next
+// turn, so the slot argument above holds as it is (both groups complete before the warpgroup's next hand-over).
+// Without PP (d64) the V^T barrier is not met here but by the caller after its wait<0> (the one-group step's slot
+// argument, above: it must follow this warpgroup's P V^T's completion and precede the next step's transpose). K's
+// slot is released (empty) after S's wait, as before after the one group's: S read K, this thread's transpose
+// read V (generic loads, before the arrival).
 template <int D, bool PV, bool PP = false, bool OVL = false>
 __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2],
                                               const unsigned (&pa)[FA90F8_BC(D) / 32][4], unsigned long long dq,
@@ -409,6 +438,13 @@ __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC(D) / 2], floa
         } else {
             pk_wgmma_wait<0>();
         }
+    } else if constexpr (OVL) {
+        static_assert(PV, "the overlap runs in the steady steps");
+        // (d64) S has landed (K read); P V^T runs on under the caller's softmax. No V^T barrier here: the caller
+        // waits for P V^T (wait<0>) and only then meets the other warpgroup on it (see fa90f8_forward's loop).
+        pk_wgmma_wait<1>();
+#pragma unroll
+        for (int x = 0; x < FA90F8_BC(D) / 2; x++) pk_wgmma_fence_operand(s[x]);
     } else {
         if constexpr (PV) pk_wgmma_wait<0>();
         pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
@@ -448,6 +484,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                                                const int* __restrict__ cu_k = nullptr) {
     constexpr int BC = FA90F8_BC(D), ST = FA90F8_ST, NB = D / 64, VTS = FA90F8_VTS(D);
     constexpr bool PP = FA90F8_PP(D), OVL = FA90F8_OVL(D);
+    constexpr int FEX = FA90F8_FEX(D, SC);
     // REMAT (d256): Q's descriptor, the thread's query row and the CTA's batch, head and kv head (the epilogue's)
     // are found again where used, from threadIdx / blockIdx made opaque, rather than kept live through the loops
     // next to O's 128 accumulators, the next tile's S (32) and this one's P (8): kept, the descriptor and the
@@ -594,7 +631,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                     // of O and l and P's narrowing into pa after it. P and its sums pinned before the wait too, so
                     // the front end keeps the exp2s and their sums above it (they feed only what follows it).
                     float mo[2], sum[2];
-                    const bool any = fa90f8_softmax_mf_p<D>(s, m, mo, sum, sl2);
+                    const bool any = fa90f8_softmax_mf_p<D, FEX>(s, m, mo, sum, sl2);
 #pragma unroll
                     for (int x = 0; x < BC / 2; x++) pk_wgmma_fence_operand(s[x]);
                     pk_wgmma_fence_operand(sum[0]), pk_wgmma_fence_operand(sum[1]);
@@ -608,12 +645,17 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                         fa90f8_rescale_o<D>(o, l, m, mo);
                     }
                     pk_wgmma_wait<0>();
+                    // Not PP (d64): the V^T barrier fa90f8_scores left out, after this warpgroup's wait<0>, so the
+                    // slot argument of the one-group step holds: past it both warpgroups' P V^T of tile n - 1 have
+                    // completed (the next step's transpose overwrites the slot it read: VTS 2) and both halves of
+                    // tile n's V^T are written and fenced (the next step's P V^T reads them).
+                    if constexpr (!PP) pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
 #pragma unroll
                     for (int x = 0; x < BC / 2; x++) pk_wgmma_fence_operand(s[x]);
                     fa90f8_softmax_mf_o<D>(s, l, pa, sum);
                     ok = true;
                 } else if constexpr (FA90F8_MF(D)) {
-                    fa90f8_softmax_mf<D>(s, o, m, l, pa, sl2);
+                    fa90f8_softmax_mf<D, FEX>(s, o, m, l, pa, sl2);
                     ok = true;  // never redone: the redo below is dead code here
                 } else {
                     ok = fa90f8_softmax_lazy<D>(s, m, l, pa, sl2);

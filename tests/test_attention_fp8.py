@@ -256,6 +256,75 @@ def test_fp8_ping_pong_never_opened_is_a_deadlock_naming_its_barriers(d, tmp_pat
         _pp_run(d)
 
 
+# ---- d64's overlapped steps (FA90F8_OVL without the ping-pong): S and P V^T two groups, the softmax under P V^T,
+# wait<0>, then the V^T barrier (the 2 V^T slots alternate). Five full key tiles: the first peeled off, four steps.
+OVL64_SHAPE = (1, 130, 5 * sm90.FP8_KEYS[64], 2, 1, 64, False, True)
+_OVL64_VT_BAR = "                    if constexpr (!PP) pk_bar_sync_aligned(FA90F8_BAR_VT, 256);\n"
+_OVL64_SOFTMAX = "                    const bool any = fa90f8_softmax_mf_p<D, FEX>(s, m, mo, sum, sl2);\n"
+
+
+def _ovl64_run(seed: int = 10):
+    b, n_q, n_k, h, n_kv, d, causal, per_head = OVL64_SHAPE
+    q8, k8, v8, qd, kd, vd = fp8_inputs(seed, b, n_q, n_k, h, n_kv, d, per_head)
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True, backend="host")
+    return out, lse, (q8, k8, v8, qd, kd, vd, n_kv, causal)
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("where", ["before-wait", "none"])
+def test_fp8_d64_overlap_is_clean_under_racecheck_and_needs_the_vt_barrier_after_its_wait(where, tmp_path,
+                                                                                           monkeypatch) -> None:
+    # Racecheck-clean over four overlapped steps. The V^T barrier met before this warpgroup's wait<0> (right after
+    # its softmax, its P V^T of tile n - 1 possibly still reading the V^T slot): the other warpgroup's next
+    # transpose into that slot is a write after the wgmma's read, which only a wait retires. No V^T barrier: a
+    # wgmma reads the half of V^T the other warpgroup wrote with nothing ordering that write before it. (The plain
+    # build gets both wrong too, far outside the FP8 tolerance, under the default schedule.)
+    from pykern.errors import KernelExecutionError
+
+    names = _record(monkeypatch)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    out, lse, args = _ovl64_run()
+    assert names == [sm90.fp8_kernel_name(64)] and not sm90.FP8_PING_PONG[64]
+    check(out, lse, *args)
+    if where == "before-wait":
+        src = SRC.read_text()
+        assert src.count(_OVL64_VT_BAR) == 1 and src.count(_OVL64_SOFTMAX) == 1
+        _pp_mutant(tmp_path, monkeypatch, _OVL64_SOFTMAX, _OVL64_SOFTMAX + _OVL64_VT_BAR)
+        # the barrier now stands twice: the mutant drops the one after the wait (write_mutant replaced once)
+        text = (tmp_path / "fa90f8_mutant.cu").read_text()
+        head, tail = text.split(_OVL64_SOFTMAX + _OVL64_VT_BAR, 1)
+        (tmp_path / "fa90f8_mutant.cu").write_text(head + _OVL64_SOFTMAX + _OVL64_VT_BAR + tail.replace(
+            _OVL64_VT_BAR, "", 1))
+    else:
+        _pp_mutant(tmp_path, monkeypatch, _OVL64_VT_BAR, "")
+    race = {"before-wait": "write-after-read", "none": "read-after-write"}[where]
+    with pytest.raises(KernelExecutionError, match=rf"racecheck: {race} race through the async proxy"):
+        _ovl64_run()
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_d64_softcap_steps_with_fma_exp2s_match_float64(monkeypatch) -> None:
+    """The d64 softcap kernel's four overlapped steps (OVL64_SHAPE), a quarter of their exp2s on the FMA pipe
+    (FA90F8_FEX: pk_exp2_fma, relative error 8.6e-5 before P's e4m3 rounding): within the FP8 row of float64
+    attention with the cap, racecheck-clean."""
+    b, n_q, n_k, h, n_kv, d, causal, per_head = OVL64_SHAPE
+    q8, k8, v8, qd, kd, vd = fp8_inputs(12, b, n_q, n_k, h, n_kv, d, per_head)
+    names = _record(monkeypatch)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    sc, cap = 4.0 / np.sqrt(d), 6.0  # scores up to about 16-20: c = 6 changes the result
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, softcap=cap, scale=sc, q_descale=qd, k_descale=kd,
+                                   v_descale=vd, return_lse=True, backend="host")
+    assert names == [sm90.fp8_kernel_name(d, cap)] and FP8_EXP2_FMA[d, 1.0] == 1
+    dq_, dk_, dv_ = (dequantized(x, s, n_kv) for x, s in ((q8, qd), (k8, kd), (v8, vd)))
+    ref, ref_lse = np_flash_attention(dq_, dk_, dv_, causal, sc, (-1, -1), cap)
+    err = rel_rms(out, ref)
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    assert rel_rms(np_flash_attention(dq_, dk_, dv_, causal, sc)[0], ref) > 10 * err  # the cap applied
+    atol, rtol = tolerance("flash_attention", "bf16")
+    assert np.all(np.abs(lse - ref_lse) <= atol + rtol * np.abs(ref_lse))
+
+
 @pytest.mark.usefixtures("sm90_host")
 def test_fp8_descales_fold_into_the_result(monkeypatch) -> None:
     """Descales of 1 against per-tensor ones: out scales with v_descale, the softmax with q_descale * k_descale."""
@@ -339,9 +408,14 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
 # intra-warpgroup overlap at d128 / d256 (FA90F8_OVL: S and P V^T two groups, wait<1>, the max / exp2 / l, then
 # wait<0> and the rescale of O) takes d128 to 595 (2.324), d256 495 (1.934), with softcap 723 (2.824), 559 (2.184):
 # the second commit and wait, the old max kept for the rescale's factor, the rescale block's wait; without the
-# rescale block (71 / 135) 524 / 360.
-FP8_LOOP_BAR = {(64, 0.0): 4.312, (128, 0.0): 2.324, (256, 0.0): 1.934, (64, 1.0): 5.312, (128, 1.0): 2.824,
+# rescale block (71 / 135) 524 / 360. The same overlap at d64 (no ping-pong: the V^T barrier after the caller's
+# wait<0>) takes d64 552 -> 554 (4.328), with softcap 680 -> 682; a quarter of the softcap tile's exp2s on the FMA
+# pipe (FA90F8_FEX: 16 pk_exp2_fma, about 8 instructions more each than a MUFU.EX2) then 682 -> 811 (6.336): more
+# instructions for a lighter MUFU, its binding term (the attention model's --fp8 terms, a modelled bound).
+FP8_LOOP_BAR = {(64, 0.0): 4.328, (128, 0.0): 2.324, (256, 0.0): 1.934, (64, 1.0): 6.336, (128, 1.0): 2.824,
                 (256, 1.0): 2.184}
+# FA90F8_FEX: of every 4 n-tiles (8 keys) of a steady tile, those whose exp2s run on the FMA pipe (pk_exp2_fma)
+FP8_EXP2_FMA = {(64, 1.0): 1}
 
 
 @pytest.fixture(scope="module")
@@ -407,28 +481,37 @@ def test_fp8_steady_loop_ping_pongs_from_d128(d, cap, fp8_sass) -> None:
     assert len(re.findall(r"BAR\.ARV 0x3, 0x100\s*;", body)) == 1
 
 
+@pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("d,cap", sorted(FP8_LOOP_BAR))
-def test_fp8_steady_loop_overlaps_the_softmax_with_p_v(d, cap, fp8_sass) -> None:
-    # FA3's intra-warpgroup overlap where the loop ping-pongs (FA90F8_OVL): S's QGMMAs close a group (gsb0) before
-    # P V^T's open theirs, the loop waits for S alone (DEPBAR.LE gsb0, 0x1), and every MUFU of the tile (the exp2s,
-    # with softcap the tanhs) but the rescale block's 2 lies between that wait and the first wait for P V^T (0x0):
-    # ptxas hoists that wait above them when it shares their block (see fa90f8_forward's steady loop). d64: one
-    # group, one wait<0>, the softmax after it.
-    _, insns = _loop_insns(fp8_sass, sm90.fp8_kernel_name(d, cap))
+def test_fp8_steady_loop_overlaps_the_softmax_with_p_v(d, cap, varlen, fp8_sass) -> None:
+    # FA3's intra-warpgroup overlap at every head dim (FA90F8_OVL), dense and varlen: S's QGMMAs close a group (gsb0)
+    # before P V^T's open theirs, the loop waits for S alone (DEPBAR.LE gsb0, 0x1), and every MUFU of the tile (the
+    # exp2s, with softcap the tanhs) but the rescale block's 2 lies between that wait and the first wait for P V^T
+    # (0x0): ptxas hoists that wait above them when it shares their block (see fa90f8_forward's steady loop). d64
+    # (no ping-pong): its V^T barrier (BAR.SYNC 0x1) after both waits. The exp2s FA90F8_FEX moves to the FMA pipe
+    # (one FADD.RM each, pk_exp2_fma's floor) lie there too, and the MUFU.EX2 count is what is left.
+    name = (sm90.fp8_varlen_kernel_name if varlen else sm90.fp8_kernel_name)(d, cap)
+    _, insns = _loop_insns(fp8_sass, name)
     w1 = [k for k, i in enumerate(insns) if i.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1")]
     w0 = [k for k, i in enumerate(insns) if i.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0")]
     mufu = [k for k, i in enumerate(insns) if i.startswith("MUFU")]
+    ex2 = [k for k, i in enumerate(insns) if i.startswith("MUFU.EX2")]
+    fex = [k for k, i in enumerate(insns) if i.startswith("FADD.RM")]
     qg = [i for i in insns if i.startswith("QGMMA")]
-    if not sm90.FP8_PING_PONG[d]:
-        assert not w1 and len(w0) == 1 and all(k > w0[0] for k in mufu)
-        return
     assert len(w1) == 1 and len(w0) == 2 and w1[0] < w0[0]  # the second: after the rescale block's
     s_steps, pv_steps = d // 32, sm90.FP8_KEYS[d] // 32
     assert len(qg) == s_steps + pv_steps and qg[s_steps - 1].endswith("gsb0") and qg[-1].endswith("gsb0")
     assert sum(q.endswith("gsb0") for q in qg) == 2
     under = [k for k in mufu if w1[0] < k < w0[0]]
-    # a score's exp2 (and tanh) each: keys x 64 rows / 128 threads = keys / 2 a thread
-    assert len(under) == (sm90.FP8_KEYS[d] // 2) * (2 if cap else 1) == len(mufu) - 2, (len(under), len(mufu))
+    # a score's exp2 (and tanh) each: keys x 64 rows / 128 threads = keys / 2 a thread; FEX of every 4 n-tiles (keys
+    # / 8 n-tiles, 4 scores a thread each) on the FMA pipe
+    keys, fx = sm90.FP8_KEYS[d], FP8_EXP2_FMA.get((d, cap), 0)
+    moved = fx * (keys // 8 // 4) * 4
+    assert len(fex) == moved and all(w1[0] < k < w0[0] for k in fex), fex
+    assert len(ex2) == keys // 2 - moved + 2  # + the rescale block's 2
+    assert len(under) == (keys // 2) * (2 if cap else 1) - moved == len(mufu) - 2, (len(under), len(mufu))
+    vt = [k for k, i in enumerate(insns) if re.match(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x100$", i)]
+    assert len(vt) == (0 if sm90.FP8_PING_PONG[d] else 1) and all(k > w0[1] for k in vt)
 
 
 @pytest.mark.parametrize("cap", [0.0, 1.0])

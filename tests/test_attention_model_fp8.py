@@ -18,21 +18,25 @@ H100 = am.HARDWARE["sm_90"]
 # The FP8 kernels' SASS inputs (NVRTC sm_90a, the flat loop without its rescale block and that block, taken where a
 # row of the warp grew, as loop_inputs reads them; the real SASS test below checks the fields the model uses against
 # today's compile): (insns, mma, smem, mufu, fma, rate-p insns, rate-p mufu, rate-p fma, straight)
-FP8_SASS = {64: (510, 128, 9216, 64, 196, 42, 2, 36, 534), 128: (524, 256, 14336, 64, 196, 71, 2, 68, 559),
+FP8_SASS = {64: (515, 128, 9216, 64, 196, 39, 2, 36, 534), 128: (524, 256, 14336, 64, 196, 71, 2, 68, 559),
             256: (360, 256, 16384, 32, 100, 135, 2, 132, 555)}
+# The d64 _softcap kernel's (the table's softcap rows): a tanh a score more on MUFU, and a quarter of the exp2s on
+# the FMA pipe (FA90F8_FEX: 16 a thread a tile, 48 left on MUFU; 112 MUFU with the 64 tanhs)
+FP8_SASS_SOFTCAP = {64: (772, 128, 9216, 112, 356, 39, 2, 36, 549)}
 
 
-def fp8_inputs(d: int) -> am.KernelInputs:
-    n, mma, smem, mufu, fma, rn, rm, rf, straight = FP8_SASS[d]
+def fp8_inputs(d: int, softcap: bool = False) -> am.KernelInputs:
+    n, mma, smem, mufu, fma, rn, rm, rf, straight = (FP8_SASS_SOFTCAP if softcap else FP8_SASS)[d]
     loop = am.LoopInputs("flat", n, float(mma), 0, float(smem), straight, wgmma=True, mufu=mufu, fma=fma,
                          redo_insns=rn, redo_mufu=rm, redo_fma=rf)
-    return am.KernelInputs(f"attention_fwd_sm90_d{d}_fp8", "sm_90a", loop, 168, 0)
+    return am.KernelInputs(f"attention_fwd_sm90_d{d}{'_softcap' if softcap else ''}_fp8", "sm_90a", loop, 168, 0)
 
 
 @pytest.fixture()
 def snapshot(tmp_path) -> am.SassSnapshot:
-    """A SassSnapshot of the three FP8 kernels (the interface the model reads; no NVRTC, no cuobjdump)."""
-    doc = {"commit": "0" * 40, "build": "current", "kernels": [fp8_inputs(d).to_record() for d in FP8_SASS]}
+    """A SassSnapshot of the FP8 kernels the table reads (the interface the model reads; no NVRTC, no cuobjdump)."""
+    doc = {"commit": "0" * 40, "build": "current", "kernels": [fp8_inputs(d).to_record() for d in FP8_SASS]
+           + [fp8_inputs(d, True).to_record() for d in FP8_SASS_SOFTCAP]}
     path = tmp_path / "fp8_sass.json"
     path.write_text(json.dumps(doc))
     return am.SassSnapshot(path)
@@ -183,17 +187,20 @@ def test_redo_rate_raises_the_bound_monotonically(snapshot):
 def test_fp8_rows_from_the_fp8_kernel_names(snapshot):
     doc = am.fp8_table_rows(sass=snapshot)
     preds = doc["predictions"]
-    assert len(preds) == 3 * 3 * 2 and not doc["skipped"]
+    assert len(preds) == (3 + 1) * 3 * 2 and not doc["skipped"]  # the d64 softcap rows last
     for p in preds:
         d, n = p["shape"]["head_dim"], p["shape"]["seq"]
-        assert [i["kernel"] for i in p["inputs"]] == [f"attention_fwd_sm90_d{d}_fp8"]
+        cap = "_softcap" if p["kind"] == "softcap" else ""
+        assert p["kind"] == ("softcap" if preds.index(p) >= 18 else "")
+        assert [i["kernel"] for i in p["inputs"]] == [f"attention_fwd_sm90_d{d}{cap}_fp8"]
         assert p["dtype"] == "e4m3" and p["redo"] == am.fp8_redo_rate(n) and p["variant"] == "wgmma"
         assert p["binding"] in ("issue", "smem", "tensor", "mufu", "fma", "hbm")
         # no faster than the FP8 pipe: at most the dense e4m3 peak
         assert 0 < p["pct_peak"] < 100 and p["tflops"] < 2 * H100.peak / 1e12
         assert p["tflops"] == pytest.approx(am.useful_flops(am.Shape(**p["shape"]), "fwd") / p["time_s"] / 1e12)
-    by = {(p["shape"]["head_dim"], p["shape"]["causal"], p["shape"]["seq"]): p for p in preds}
-    assert by[(128, False, 16384)]["binding"] == "issue" and by[(64, False, 16384)]["binding"] == "issue"
+    by = {(p["shape"]["head_dim"], p["kind"], p["shape"]["causal"], p["shape"]["seq"]): p for p in preds}
+    assert by[(128, "", False, 16384)]["binding"] == "issue" and by[(64, "", False, 16384)]["binding"] == "issue"
+    assert by[(64, "softcap", False, 16384)]["binding"] == "mufu"  # a tanh and 3 / 4 of the exp2s a score
     text = am.format_fp8_table(doc)
     assert "Modelled bound" in text and "redo" in text and "e4m3" in text
     json.dumps(doc)
@@ -229,13 +236,37 @@ def test_real_fp8_kernels_sass_inputs():
         k = src.inputs(lau.kernel, "sm_90a")
         assert k.loop.mma * lau.loop_warps * am.MMA_FLOP == 2 * lau.pair_dims * lau.step[0] * lau.step[1]
         assert k.loop.loop == "flat" and k.loop.wgmma and k.spills == 0
-        # every score's exp2 on MUFU (FP8 has no FMA-pipe exp2), once: the rate-p block is the rescale of O and l
-        # (one exp2 a row of the thread, an FMUL an O register: D / 2 + 2 of the block's FP32 ops)
-        assert k.loop.mufu * 32 * lau.loop_warps == lau.step[0] * lau.step[1]
+        # every score's exp2 on MUFU in the kernels without softcap (FA90F8_FEX 0), once: the rate-p block is the
+        # rescale of O and l (one exp2 a row of the thread, an FMUL an O register: D / 2 + 2 of the block's FP32 ops)
+        assert k.loop.mufu * 32 * lau.loop_warps == lau.step[0] * lau.step[1] and k.loop.exp2_fma == 0
         assert k.loop.redo_mufu == 2 and k.loop.redo_fma >= d // 2 + 2
         got = (k.loop.insns, k.loop.mma, k.loop.smem_bytes, k.loop.mufu, k.loop.fma, k.loop.redo_insns,
                k.loop.redo_mufu, k.loop.redo_fma, k.loop.straight)
         assert got == FP8_SASS[d], (d, got)
+    # the d64 softcap kernel: a tanh a score on MUFU, and of its exp2s a quarter on the FMA pipe (one FADD.RM each)
+    for d in FP8_SASS_SOFTCAP:
+        (lau,), why = am.fp8_launch(am.Shape(1, 2, 256, d, False), list(src.kernels()), softcap=True)
+        assert lau.kernel == f"attention_fwd_sm90_d{d}_softcap_fp8", why
+        k = src.inputs(lau.kernel, "sm_90a")
+        scores = lau.step[0] * lau.step[1] // (32 * lau.loop_warps)  # a warp's scores a tile, over its 32 lanes
+        assert k.loop.exp2_fma == scores // 4 and k.loop.mufu == scores + scores - scores // 4
+        got = (k.loop.insns, k.loop.mma, k.loop.smem_bytes, k.loop.mufu, k.loop.fma, k.loop.redo_insns,
+               k.loop.redo_mufu, k.loop.redo_fma, k.loop.straight)
+        assert got == FP8_SASS_SOFTCAP[d], (d, got)
+
+
+def test_softcap_d64_moves_a_quarter_of_its_exp2s_off_the_binding_mufu(snapshot):
+    """The d64 softcap kernel's MUFU term (a tanh and an exp2 a score: 128 a thread a tile) bound it; with a quarter
+    of the exp2s on the FMA pipe (16 fewer MUFU, about 129 more instructions) MUFU still binds, 112 / 128 of the
+    all-MUFU term, above the issue term it raised: the FA90F8_FEX choice, as modelled bounds."""
+    s = am.Shape(1, 32, 16384, 64, False)
+    p = am.predict("sm_90a", "fwd", s, snapshot, softcap=True, fp8=True)
+    assert p.kind == "softcap" and p.binding == "mufu" and p.inputs[0]["kernel"] == "attention_fwd_sm90_d64_softcap_fp8"
+    t = p.kernels[0]["terms_s"]
+    assert t["issue"] < t["mufu"]
+    all_mufu = t["mufu"] * (128 + 2 * p.redo) / (112 + 2 * p.redo)  # every exp2 back on MUFU
+    dense = am.predict("sm_90a", "fwd", s, snapshot, fp8=True)  # the kernel without softcap: issue binds
+    assert dense.binding == "issue" and all_mufu > p.time_s > dense.time_s
 
 
 def test_the_docs_fp8_table_is_the_models_output(snapshot):
@@ -248,11 +279,12 @@ def test_the_docs_fp8_table_is_the_models_output(snapshot):
     rows = [line.split("|")[1:-1] for line in sec.splitlines()
             if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     doc = am.fp8_table_rows(sass=snapshot)
-    by = {(p["shape"]["head_dim"], p["shape"]["causal"], p["shape"]["seq"]): p for p in doc["predictions"]}
-    assert len(rows) == len(by) == 18
+    by = {(p["shape"]["head_dim"], p["kind"] == "softcap", p["shape"]["causal"], p["shape"]["seq"]): p
+          for p in doc["predictions"]}
+    assert len(rows) == len(by) == 24
     for r in rows:
-        d, causal, seq, _bh, p, ms, tflops, pct, binding = (c.strip() for c in r)
-        pr = by[(int(d), causal == "True", int(seq))]
+        d, softcap, causal, seq, _bh, p, ms, tflops, pct, binding = (c.strip() for c in r)
+        pr = by[(int(d), softcap == "True", causal == "True", int(seq))]
         assert (float(p), float(ms), int(tflops), float(pct)) == \
             (round(pr["redo"], 2), round(pr["time_s"] * 1e3, 3), round(pr["tflops"]), round(pr["pct_peak"], 1)), r
         assert binding.split(" = ")[0] == pr["binding"], r

@@ -794,8 +794,11 @@ def fp8_redo_rate(seq: int) -> float:
     return pts[-1][1]
 
 
-def fp8_launch(s: Shape, kernels: Sequence[str], redo: float | None = None) -> tuple[list[Launch], str]:
-    """The FP8 forward's launch (kernels_cu/attention_fwd_fp8_sm90.cu, attention_fwd_sm90_d{64,128,256}_fp8): the
+def fp8_launch(s: Shape, kernels: Sequence[str], redo: float | None = None,
+               softcap: bool = False) -> tuple[list[Launch], str]:
+    """The FP8 forward's launch (kernels_cu/attention_fwd_fp8_sm90.cu, attention_fwd_sm90_d{64,128,256}[_softcap]_fp8,
+    the _softcap kernel where softcap: the same launch, its loop a tanh a score more, the d64 one with a quarter of
+    its exp2s on the FMA pipe, FA90F8_FEX, all read from its SASS): the
     bf16 kernel's CTA (ROWS queries, a producer warpgroup and two consumer warpgroups) over key tiles of
     FP8_KEYS[d], one a loop iteration, fp8_shared_bytes(d) of shared memory, a grid of every query tile (not
     persistent; causal: longest first), the tensor pipe at the FP8 rate (tensor_rate 2), and a fraction `redo` of
@@ -804,7 +807,8 @@ def fp8_launch(s: Shape, kernels: Sequence[str], redo: float | None = None) -> t
     from ..ops import _attention_sm90 as h
 
     d = s.head_dim
-    name = h.fp8_kernel_name(d) if d in h.FP8_HEAD_DIMS else f"attention_fwd_sm90_d{d}_fp8"
+    cap = "_softcap" if softcap else ""
+    name = h.fp8_kernel_name(d, float(softcap)) if d in h.FP8_HEAD_DIMS else f"attention_fwd_sm90_d{d}{cap}_fp8"
     if s.dv != d or d not in h.FP8_HEAD_DIMS or name not in kernels:
         return [], f"no {name} kernel (head_dim == head_dim_v in {h.FP8_HEAD_DIMS})"
     p = fp8_redo_rate(s.seq) if redo is None else float(redo)
@@ -846,13 +850,13 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     from ..ops import attention as fw
 
     if fp8:
-        if phase != "fwd" or softcap or varlen:
-            raise ArgumentError(f"fp8: the model covers the dense FP8 forward only, got phase={phase!r}, "
-                                f"softcap={softcap}, varlen={varlen}")
+        if phase != "fwd" or varlen:
+            raise ArgumentError(f"fp8: the model covers the dense FP8 forward only (with or without softcap), got "
+                                f"phase={phase!r}, varlen={varlen}")
         _check_build(build)
         if build == MEASURED_BUILD:
             return [], f"the {build} build had no FP8 forward"
-        return fp8_launch(s, kernels, redo)
+        return fp8_launch(s, kernels, redo, softcap)
     if dq_mode not in DQ_MODES:
         raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
 
@@ -1437,22 +1441,28 @@ def format_table(doc: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------- the FP8 forward
 # head_dims of the FP8 forward's table (pykern.ops._attention_sm90.FP8_HEAD_DIMS)
 FP8_TABLE_HEAD_DIMS = (64, 128, 256)
+# ... and the _softcap kernels' rows at these (d64: the kernel whose MUFU binds, a tanh and an exp2 a score, where
+# FA90F8_FEX moves a quarter of its exp2s to the FMA pipe)
+FP8_TABLE_SOFTCAP_HEAD_DIMS = (64,)
 
 
 def fp8_table_rows(shapes: Sequence[Shape] | None = None, sass: SassSource | None = None,
-                   redo: float | None = None) -> dict[str, Any]:
+                   redo: float | None = None, softcap_shapes: Sequence[Shape] | None = None) -> dict[str, Any]:
     """The FP8 forward's modelled bound (predict(..., fp8=True)) on the H100's sm_90a part at `shapes` (default:
-    the table's seqs and hidden size at FP8_TABLE_HEAD_DIMS, causal and not), each at redo rate `redo` (None:
-    fp8_redo_rate(seq)). Shapes without an FP8 kernel are skipped with why."""
+    the table's seqs and hidden size at FP8_TABLE_HEAD_DIMS, causal and not) and, with softcap, at
+    `softcap_shapes` (default: the same at FP8_TABLE_SOFTCAP_HEAD_DIMS where `shapes` is None, else none), each at
+    redo rate `redo` (None: fp8_redo_rate(seq)). Shapes without an FP8 kernel are skipped with why."""
     sass = sass or SassSource()
+    if softcap_shapes is None:
+        softcap_shapes = default_shapes(head_dims=FP8_TABLE_SOFTCAP_HEAD_DIMS) if shapes is None else []
     shapes = list(shapes) if shapes is not None else default_shapes(head_dims=FP8_TABLE_HEAD_DIMS)
     preds, skipped = [], {}
-    for s in shapes:
-        lts, why = fp8_launch(s, list(sass.kernels()), redo)
+    for s, cap in [(s, False) for s in shapes] + [(s, True) for s in softcap_shapes]:
+        lts, why = fp8_launch(s, list(sass.kernels()), redo, cap)
         if not lts:
-            skipped[f"sm_90a fwd e4m3 d{s.label}"] = why
+            skipped[f"sm_90a fwd e4m3 d{s.label}{' softcap' if cap else ''}"] = why
             continue
-        preds.append(predict("sm_90a", "fwd", s, sass, fp8=True, redo=redo))
+        preds.append(predict("sm_90a", "fwd", s, sass, softcap=cap, fp8=True, redo=redo))
     return {"hardware": {"sm_90a": {**hardware("sm_90a").to_dict(), "arch": "sm_90a",
                                     "fp8_peak": 2 * hardware("sm_90a").peak}},
             "predictions": [p.to_dict() for p in preds], "skipped": skipped}
@@ -1471,7 +1481,7 @@ def format_fp8_table(doc: dict[str, Any]) -> str:
              "SASS inputs per warp and loop iteration (one key tile): the flat loop (static) without its rate-p code,",
              "and that code ('redo' columns), taken by a fraction p of the tiles (a row max of the warp grew): the",
              "rescale of O and l the row-max-first tile skips otherwise (or, a lazy tile's, its exact redo).",
-             f"{'kernel':30s} {'MMA':>5s} {'static':>6s} {'redo':>5s} {'mufu':>5s} {'redo mufu':>9s} {'fma':>5s} "
+             f"{'kernel':34s} {'MMA':>5s} {'static':>6s} {'redo':>5s} {'mufu':>5s} {'redo mufu':>9s} {'fma':>5s} "
              f"{'redo fma':>8s} {'smem B':>7s} {'straight':>8s} {'regs':>4s} {'smem':>7s} {'CTAs/SM':>7s}"]
     seen = set()
     for p in doc["predictions"]:
@@ -1479,20 +1489,22 @@ def format_fp8_table(doc: dict[str, Any]) -> str:
             if i["kernel"] in seen:
                 continue
             seen.add(i["kernel"])
-            lines.append(f"{i['kernel']:30s} {i['mma']:5.0f} {i['insns']:6d} {i['redo_insns']:5d} {i['mufu']:5d} "
+            lines.append(f"{i['kernel']:34s} {i['mma']:5.0f} {i['insns']:6d} {i['redo_insns']:5d} {i['mufu']:5d} "
                          f"{i['redo_mufu']:9d} {i['fma']:5d} {i['redo_fma']:8d} {i['smem_bytes']:7.0f} "
                          f"{i['straight']:8d} {i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention-3's count for FP8: the bf16 forward's, 4 pairs d),",
               "batch = 16384 / seq, hidden 2048; % of the dense e4m3 peak; p: the rate a warp finds a new row max",
               "(default: random scores, fp8_redo_rate); terms: one launch's tensor / mufu / issue / smem time.",
               "Binding: the largest term (= the terms within 0.5% of it: a tie).",
-              f"{'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} {'p':>5s} {'ms':>8s} {'TFLOP/s':>8s} "
+              f"{'d':>4s} {'softcap':>7s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} {'p':>5s} {'ms':>8s} "
+              f"{'TFLOP/s':>8s} "
               f"{'% peak':>6s} {'tensor us':>9s} {'mufu us':>8s} {'issue us':>8s} {'smem us':>8s}  binding term"]
     for p in doc["predictions"]:
         s = p["shape"]
         t = p["kernels"][0]["terms_s"]
         ties = [n for n in t if n != p["binding"] and t[n] >= 0.995 * t[p["binding"]]]
-        lines.append(f"{s['head_dim']:4d} {str(s['causal']):>6s} {s['seq']:6d} {s['batch']:5d} {s['heads']:5d} "
+        lines.append(f"{s['head_dim']:4d} {str('softcap' in p['kind']):>7s} {str(s['causal']):>6s} {s['seq']:6d} "
+                     f"{s['batch']:5d} {s['heads']:5d} "
                      f"{p['redo']:5.2f} {p['time_s'] * 1e3:8.3f} {p['tflops']:8.0f} {p['pct_peak']:6.1f} "
                      f"{t['tensor'] * 1e6:9.0f} {t['mufu'] * 1e6:8.0f} {t['issue'] * 1e6:8.0f} {t['smem'] * 1e6:8.0f}  "
                      f"{' = '.join([p['binding'], *ties])}")
