@@ -33,8 +33,8 @@
 // groups at every head dim (FA90F8_OVL, FA3's intra-warpgroup overlap: the softmax's max, exp2 and l of the next
 // tile under this warpgroup's P V^T, the rescale of O after it). At d128 and d256 the two consumer warpgroups
 // ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas), the turn's hand-over doubling
-// as the V^T barrier there; d64 meets the other warpgroup on the V^T barrier after its wait for P V^T, and takes a
-// quarter of its softcap tiles' exp2s on the FMA pipe (FA90F8_FEX).
+// as the V^T barrier there; d64 meets the other warpgroup on the V^T barrier after its wait for P V^T. The softcap
+// kernels at d64 and d128 take a quarter of their steady tiles' exp2s on the FMA pipe (FA90F8_FEX).
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (slots
 // FA90F8_VSLOT apart; each [rows][64] box one TMA load, 64B swizzle), V^T [VTS][BC/64][D][64] (64B swizzle;
 // FA90F8_VTS slots), then the mbarriers.
@@ -94,11 +94,12 @@
 // softcap (a tanh and an exp2 a score) was MUFU-bound: 4605 us against issue 2958 (682 a tile). One n-tile in four
 // (16 of a thread's 128 MUFUs a tile; 811 instructions) leaves MUFU binding at 4032 us, issue 3535; two in four
 // (939 instructions) would let the issue term bind near 4110. d128 / d256 without softcap: 0 (the issue term binds
-// at d128, shared memory and the tensor pipe at d256). Their softcap kernels keep 0 too, although at d128 MUFU
-// binds (16384 keys: 2302 us against issue 1520), where one in four models 2016 us (852 instructions, 0 spills, in
-// a trimmed compile): not taken yet, its tests and tolerance not run (d256 softcap: MUFU 1156 against tensor 1146).
+// at d128, shared memory and the tensor pipe at d256). d128 softcap is MUFU-bound too (16384 keys: 2302 us against
+// issue 1520): one in four there models 2016 us (723 -> 852 instructions a tile; 955 -> 1091 TFLOP/s), MUFU still
+// binding. d256 softcap keeps 0: MUFU 1156 us against the tensor pipe's 1146, a tie an FMA exp2 would only move to
+// issue and shared memory.
 #ifndef FA90F8_FEX
-#define FA90F8_FEX(D, SC) ((D) == 64 && (SC) ? 1 : 0)
+#define FA90F8_FEX(D, SC) ((D) <= 128 && (SC) ? 1 : 0)
 #endif
 // Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
 // it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.

@@ -304,11 +304,12 @@ def test_fp8_d64_overlap_is_clean_under_racecheck_and_needs_the_vt_barrier_after
 
 
 @pytest.mark.usefixtures("sm90_host")
-def test_fp8_d64_softcap_steps_with_fma_exp2s_match_float64(monkeypatch) -> None:
-    """The d64 softcap kernel's four overlapped steps (OVL64_SHAPE), a quarter of their exp2s on the FMA pipe
-    (FA90F8_FEX: pk_exp2_fma, relative error 8.6e-5 before P's e4m3 rounding): within the FP8 row of float64
-    attention with the cap, racecheck-clean."""
-    b, n_q, n_k, h, n_kv, d, causal, per_head = OVL64_SHAPE
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_softcap_steps_with_fma_exp2s_match_float64(d, monkeypatch) -> None:
+    """The d64 and d128 softcap kernels' overlapped steps (five key tiles: OVL64_SHAPE, PP_SHAPE with the ping-pong
+    at d128), a quarter of their exp2s on the FMA pipe (FA90F8_FEX: pk_exp2_fma, relative error 8.6e-5 before P's
+    e4m3 rounding): within the FP8 row of float64 attention with the cap, racecheck-clean."""
+    b, n_q, n_k, h, n_kv, d, causal, per_head = OVL64_SHAPE if d == 64 else PP_SHAPE[d]
     q8, k8, v8, qd, kd, vd = fp8_inputs(12, b, n_q, n_k, h, n_kv, d, per_head)
     names = _record(monkeypatch)
     monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
@@ -411,11 +412,12 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
 # rescale block (71 / 135) 524 / 360. The same overlap at d64 (no ping-pong: the V^T barrier after the caller's
 # wait<0>) takes d64 552 -> 554 (4.328), with softcap 680 -> 682; a quarter of the softcap tile's exp2s on the FMA
 # pipe (FA90F8_FEX: 16 pk_exp2_fma, about 8 instructions more each than a MUFU.EX2) then 682 -> 811 (6.336): more
-# instructions for a lighter MUFU, its binding term (the attention model's --fp8 terms, a modelled bound).
-FP8_LOOP_BAR = {(64, 0.0): 4.328, (128, 0.0): 2.324, (256, 0.0): 1.934, (64, 1.0): 6.336, (128, 1.0): 2.824,
+# instructions for a lighter MUFU, its binding term (the attention model's --fp8 terms, a modelled bound). The same
+# at d128 with softcap (MUFU-bound too): 723 -> 852 (3.328).
+FP8_LOOP_BAR = {(64, 0.0): 4.328, (128, 0.0): 2.324, (256, 0.0): 1.934, (64, 1.0): 6.336, (128, 1.0): 3.328,
                 (256, 1.0): 2.184}
 # FA90F8_FEX: of every 4 n-tiles (8 keys) of a steady tile, those whose exp2s run on the FMA pipe (pk_exp2_fma)
-FP8_EXP2_FMA = {(64, 1.0): 1}
+FP8_EXP2_FMA = {(64, 1.0): 1, (128, 1.0): 1}
 
 
 @pytest.fixture(scope="module")

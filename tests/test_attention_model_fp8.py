@@ -20,9 +20,9 @@ H100 = am.HARDWARE["sm_90"]
 # today's compile): (insns, mma, smem, mufu, fma, rate-p insns, rate-p mufu, rate-p fma, straight)
 FP8_SASS = {64: (515, 128, 9216, 64, 196, 39, 2, 36, 534), 128: (524, 256, 14336, 64, 196, 71, 2, 68, 559),
             256: (360, 256, 16384, 32, 100, 135, 2, 132, 555)}
-# The d64 _softcap kernel's (the table's softcap rows): a tanh a score more on MUFU, and a quarter of the exp2s on
-# the FMA pipe (FA90F8_FEX: 16 a thread a tile, 48 left on MUFU; 112 MUFU with the 64 tanhs)
-FP8_SASS_SOFTCAP = {64: (772, 128, 9216, 112, 356, 39, 2, 36, 549)}
+# The d64 and d128 _softcap kernels' (the table's softcap rows): a tanh a score more on MUFU, and a quarter of the
+# exp2s on the FMA pipe (FA90F8_FEX: 16 a thread a tile, 48 left on MUFU; 112 MUFU with the 64 tanhs)
+FP8_SASS_SOFTCAP = {64: (772, 128, 9216, 112, 356, 39, 2, 36, 549), 128: (781, 256, 14336, 112, 356, 71, 2, 68, 573)}
 
 
 def fp8_inputs(d: int, softcap: bool = False) -> am.KernelInputs:
@@ -187,7 +187,7 @@ def test_redo_rate_raises_the_bound_monotonically(snapshot):
 def test_fp8_rows_from_the_fp8_kernel_names(snapshot):
     doc = am.fp8_table_rows(sass=snapshot)
     preds = doc["predictions"]
-    assert len(preds) == (3 + 1) * 3 * 2 and not doc["skipped"]  # the d64 softcap rows last
+    assert len(preds) == (3 + 2) * 3 * 2 and not doc["skipped"]  # the d64 and d128 softcap rows last
     for p in preds:
         d, n = p["shape"]["head_dim"], p["shape"]["seq"]
         cap = "_softcap" if p["kind"] == "softcap" else ""
@@ -201,6 +201,7 @@ def test_fp8_rows_from_the_fp8_kernel_names(snapshot):
     by = {(p["shape"]["head_dim"], p["kind"], p["shape"]["causal"], p["shape"]["seq"]): p for p in preds}
     assert by[(128, "", False, 16384)]["binding"] == "issue" and by[(64, "", False, 16384)]["binding"] == "issue"
     assert by[(64, "softcap", False, 16384)]["binding"] == "mufu"  # a tanh and 3 / 4 of the exp2s a score
+    assert by[(128, "softcap", False, 16384)]["binding"] == "mufu"
     text = am.format_fp8_table(doc)
     assert "Modelled bound" in text and "redo" in text and "e4m3" in text
     json.dumps(doc)
@@ -243,7 +244,7 @@ def test_real_fp8_kernels_sass_inputs():
         got = (k.loop.insns, k.loop.mma, k.loop.smem_bytes, k.loop.mufu, k.loop.fma, k.loop.redo_insns,
                k.loop.redo_mufu, k.loop.redo_fma, k.loop.straight)
         assert got == FP8_SASS[d], (d, got)
-    # the d64 softcap kernel: a tanh a score on MUFU, and of its exp2s a quarter on the FMA pipe (one FADD.RM each)
+    # the softcap kernels: a tanh a score on MUFU, and of their exp2s a quarter on the FMA pipe (one FADD.RM each)
     for d in FP8_SASS_SOFTCAP:
         (lau,), why = am.fp8_launch(am.Shape(1, 2, 256, d, False), list(src.kernels()), softcap=True)
         assert lau.kernel == f"attention_fwd_sm90_d{d}_softcap_fp8", why
@@ -255,13 +256,15 @@ def test_real_fp8_kernels_sass_inputs():
         assert got == FP8_SASS_SOFTCAP[d], (d, got)
 
 
-def test_softcap_d64_moves_a_quarter_of_its_exp2s_off_the_binding_mufu(snapshot):
-    """The d64 softcap kernel's MUFU term (a tanh and an exp2 a score: 128 a thread a tile) bound it; with a quarter
-    of the exp2s on the FMA pipe (16 fewer MUFU, about 129 more instructions) MUFU still binds, 112 / 128 of the
-    all-MUFU term, above the issue term it raised: the FA90F8_FEX choice, as modelled bounds."""
-    s = am.Shape(1, 32, 16384, 64, False)
+@pytest.mark.parametrize("d", sorted(FP8_SASS_SOFTCAP))
+def test_softcap_moves_a_quarter_of_its_exp2s_off_the_binding_mufu(d, snapshot):
+    """The d64 / d128 softcap kernels' MUFU term (a tanh and an exp2 a score: 128 a thread a tile) bound them; with
+    a quarter of the exp2s on the FMA pipe (16 fewer MUFU, about 129 more instructions) MUFU still binds, 112 / 128
+    of the all-MUFU term, above the issue term it raised: the FA90F8_FEX choice, as modelled bounds."""
+    s = am.Shape(1, 2048 // d, 16384, d, False)
     p = am.predict("sm_90a", "fwd", s, snapshot, softcap=True, fp8=True)
-    assert p.kind == "softcap" and p.binding == "mufu" and p.inputs[0]["kernel"] == "attention_fwd_sm90_d64_softcap_fp8"
+    assert p.kind == "softcap" and p.binding == "mufu"
+    assert p.inputs[0]["kernel"] == f"attention_fwd_sm90_d{d}_softcap_fp8"
     t = p.kernels[0]["terms_s"]
     assert t["issue"] < t["mufu"]
     all_mufu = t["mufu"] * (128 + 2 * p.redo) / (112 + 2 * p.redo)  # every exp2 back on MUFU
@@ -281,7 +284,7 @@ def test_the_docs_fp8_table_is_the_models_output(snapshot):
     doc = am.fp8_table_rows(sass=snapshot)
     by = {(p["shape"]["head_dim"], p["kind"] == "softcap", p["shape"]["causal"], p["shape"]["seq"]): p
           for p in doc["predictions"]}
-    assert len(rows) == len(by) == 24
+    assert len(rows) == len(by) == 30
     for r in rows:
         d, softcap, causal, seq, _bh, p, ms, tflops, pct, binding = (c.strip() for c in r)
         pr = by[(int(d), softcap == "True", causal == "True", int(seq))]

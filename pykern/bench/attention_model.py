@@ -1441,9 +1441,9 @@ def format_table(doc: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------- the FP8 forward
 # head_dims of the FP8 forward's table (pykern.ops._attention_sm90.FP8_HEAD_DIMS)
 FP8_TABLE_HEAD_DIMS = (64, 128, 256)
-# ... and the _softcap kernels' rows at these (d64: the kernel whose MUFU binds, a tanh and an exp2 a score, where
-# FA90F8_FEX moves a quarter of its exp2s to the FMA pipe)
-FP8_TABLE_SOFTCAP_HEAD_DIMS = (64,)
+# ... and the _softcap kernels' rows at these (d64 / d128: the kernels whose MUFU binds, a tanh and an exp2 a score,
+# where FA90F8_FEX moves a quarter of their exp2s to the FMA pipe)
+FP8_TABLE_SOFTCAP_HEAD_DIMS = (64, 128)
 
 
 def fp8_table_rows(shapes: Sequence[Shape] | None = None, sass: SassSource | None = None,
