@@ -316,7 +316,8 @@ def attention_list(args: argparse.Namespace) -> None:
               f"{r['heads']:5d} {len(p['impls']):5d} {s:6.1f} {total:6.1f}")
     print(f"{len(plan)} rows, modelled {total:.0f} s (timed calls at {EST_FWD_FLOPS / 1e12:.0f} / "
           f"{EST_FWDBWD_FLOPS / 1e12:.0f} TFLOP/s fwd / fwd+bwd, FA4 compiles {EST_FA4_COMPILE_S['fwd']:.0f} + "
-          f"{EST_FA4_COMPILE_S['bwd']:.0f} s a (dtype, d, dv, causal))")
+          f"{EST_FA4_COMPILE_S['bwd']:.0f} s a (dtype, d, dv, causal)); pykern's own NVRTC compiles are not in it: "
+          "compile its attention sources first (tools/gpu_attention.sh 1)")
 
 
 def flashinfer_prefill_built(dtype: Any, d: int, dv: int) -> str | None:
