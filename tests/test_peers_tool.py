@@ -59,3 +59,24 @@ def test_build_names_unknown_groups():
     with pytest.raises(SystemExit, match=r"--groups: expected names from decode, decode_tc, prefill, sampling, mla, "
                                          r"got bogus"):
         peers.main(["build", "--groups", "decode,bogus"])
+
+
+def test_gpu_attention_script_usage_and_its_default_plan(tmp_path):
+    """tools/gpu_attention.sh: bash parses it; without a part (or with another) it prints its usage and exits 2;
+    call 2 without OUT stops before unpacking anything, naming OUT; call 2's default options are a plan
+    tools/measure_gpu.py takes (--list: the forward's 54 rows, no GPU)."""
+    import re
+
+    script = ROOT / "tools" / "gpu_attention.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    for argv in ([], ["3"]):
+        r = subprocess.run(["bash", str(script), *argv], capture_output=True, text=True)
+        assert r.returncode == 2 and "usage: tools/gpu_attention.sh 1|2" in r.stderr, r
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OUT"}
+    r = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode != 0 and "OUT" in r.stderr and "unpack" not in r.stderr + r.stdout, r
+    default = re.search(r"args=\((--fwd-only[^)]*)\)", script.read_text()).group(1).split()
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "measure_gpu.py"), "attention", "--list", *default],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^54 rows, modelled \d+ s", r.stdout, re.M), r.stdout[-500:]
