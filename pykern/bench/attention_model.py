@@ -797,8 +797,8 @@ def fp8_redo_rate(seq: int) -> float:
 def fp8_launch(s: Shape, kernels: Sequence[str], redo: float | None = None,
                softcap: bool = False) -> tuple[list[Launch], str]:
     """The FP8 forward's launch (kernels_cu/attention_fwd_fp8_sm90.cu, attention_fwd_sm90_d{64,128,256}[_softcap]_fp8,
-    the _softcap kernel where softcap: the same launch, its loop a tanh a score more, the d64 one with a quarter of
-    its exp2s on the FMA pipe, FA90F8_FEX, all read from its SASS): the
+    the _softcap kernel where softcap: the same launch, its loop a tanh a score more, the d64 / d128 ones with a
+    quarter of their exp2s on the FMA pipe, FA90F8_FEX, all read from its SASS): the
     bf16 kernel's CTA (ROWS queries, a producer warpgroup and two consumer warpgroups) over key tiles of
     FP8_KEYS[d], one a loop iteration, fp8_shared_bytes(d) of shared memory, a grid of every query tile (not
     persistent; causal: longest first), the tensor pipe at the FP8 rate (tensor_rate 2), and a fraction `redo` of

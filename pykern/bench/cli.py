@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
             "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; the bound is\n"
             "calibrated from no measured speed).\n"
             "--attention-model --fp8 prints the FP8 (e4m3) sm_90a forward's bound instead (head_dim 64 / 128 / 256,\n"
-            "and the d64 softcap kernel):\n"
+            "and the d64 / d128 softcap kernels):\n"
             "QGMMA at twice the bf16 rate, its rescale of O and l at the random-score rate p (a row max grew).\n\n"
             f"--attention-model --compare [JSON] prints the calibrated model (the bound plus {cw['count']} constants for what\n"
             "does not overlap, fitted to our own H200 measurements of 2026-11-27, never to a peer's) beside each\n"
@@ -113,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                         "and print them with the comparison")
     p.add_argument("--fp8", action="store_true",
                    help="with --attention-model: the FP8 (e4m3) sm_90a forward's modelled bound instead (d64 / d128 / "
-                        "d256 and d64 softcap, seq 1K-16K, causal and not; the tensor pipe at the FP8 rate, its rescale of O and l at "
-                        "the random-score rate p a row max grows, named in each row)")
+                        "d256, and d64 / d128 with softcap, seq 1K-16K, causal and not; the tensor pipe at the FP8 rate, "
+                        "its rescale of O and l at the random-score rate p a row max grows, named in each row)")
     p.add_argument("--bulk-dq", action="store_true",
                    help="with --attention-model: the current sm_90a fused backward under the calibrated model, its "
                         "dQ partials as per-float REDs (before) and as its bulk reduce-adds into L2 (after); a "
