@@ -196,7 +196,7 @@ def compile_threads(share: int = 1) -> int:
     """Threads one compile's ptxas may use: $PYKERN_COMPILE_THREADS when set (1: no split), else the
     available CPUs divided among `share` compiles running at once (at least 1).
 
-    Raises ArgumentError naming the variable for anything but an integer >= 1."""
+    Raises ArgumentError naming the variable and the value for anything but an integer from 1 to 4096."""
     text = os.environ.get(THREADS_ENV, "").strip()
     if text:
         try:
@@ -218,7 +218,8 @@ def _split_options(arch: str, portable: Sequence[str], threads: int) -> list[str
     the option line ptxas records in the cubin's .note.nv.tkinfo differs, and the sections after it move),
     so it is left out of the cache key. NVRTC's own -split-compile (the NVVM optimizer's) is not used: it
     partitions the module, which changes the PTX (shared variables no longer demoted into their kernel) and
-    the SASS and registers of kernels (rms_norm_backward_cluster_bf16: 100 -> 101 registers)."""
+    the SASS: grouped_gemm_sm90's fp32-output kernels spill (0 -> up to 10852 bytes), rms_norm_backward_
+    cluster_bf16 takes 101 registers instead of 100 (NVRTC 13.5, sm_90a)."""
     if threads <= 1 or not arch.startswith("sm_"):  # compute_XX runs no ptxas
         return []
     if any("split-compile" in o for o in portable):  # the caller asked for a split of its own: theirs alone

@@ -156,7 +156,8 @@ class _Workers:
         ctx = multiprocessing.get_context("spawn")
         self.tasks = ctx.Queue()
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(self.tasks, self.results, threads), daemon=True) for _ in range(n)]
+        self.procs = [ctx.Process(target=_worker, args=(self.tasks, self.results, threads), daemon=True)
+                      for _ in range(n)]
         for p in self.procs:
             p.start()
 
