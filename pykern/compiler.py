@@ -180,11 +180,59 @@ def portable_options(arch: str, options: Sequence[str] = (), defines: Mapping[st
     return [f"--gpu-architecture={arch}", *defaults, *_define_options(defines), *opts]
 
 
+THREADS_ENV = "PYKERN_COMPILE_THREADS"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, e.g. under taskset or a
+    container's cpuset), else every CPU of the machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS / Windows have no affinity call
+        return max(1, os.cpu_count() or 1)
+
+
+def compile_threads(share: int = 1) -> int:
+    """Threads one compile's ptxas may use: $PYKERN_COMPILE_THREADS when set (1: no split), else the
+    available CPUs divided among `share` compiles running at once (at least 1).
+
+    Raises ArgumentError naming the variable and the value for anything but an integer from 1 to 4096."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 4096:
+            raise ArgumentError(
+                f"{THREADS_ENV}: expected an integer from 1 (no split) to 4096 threads per compile, got {text!r}"
+            )
+        return n
+    return max(1, available_cpus() // max(1, share))
+
+
+def _split_options(arch: str, portable: Sequence[str], threads: int) -> list[str]:
+    """ptxas's --split-compile: ptxas translates the module's functions on up to `threads` threads.
+
+    Only ptxas's split: its cubins have the same SASS and the same -v report as a one-thread compile (only
+    the option line ptxas records in the cubin's .note.nv.tkinfo differs, and the sections after it move),
+    so it is left out of the cache key. NVRTC's own -split-compile (the NVVM optimizer's) is not used: it
+    partitions the module, which changes the PTX (shared variables no longer demoted into their kernel) and
+    the SASS: grouped_gemm_sm90's fp32-output kernels spill (0 -> up to 10852 bytes), rms_norm_backward_
+    cluster_bf16 takes 101 registers instead of 100 (NVRTC 13.5, sm_90a)."""
+    if threads <= 1 or not arch.startswith("sm_"):  # compute_XX runs no ptxas
+        return []
+    if any("split-compile" in o for o in portable):  # the caller asked for a split of its own: theirs alone
+        return []
+    return ["-Xptxas", f"--split-compile={threads}"]
+
+
 def _full_options(source: Source, arch: str, portable: list[str]) -> list[str]:
+    """portable plus what depends on this machine only: include paths, ptxas's report, its thread count."""
     incs = [f"--include-path={d}" for d in include_dirs(source.path.parent)]
     # -v asks ptxas for the per-kernel report; there is no ptxas for compute_XX.
     verbose = ["-Xptxas", "-v"] if arch.startswith("sm_") else []
-    return [*portable, *incs, *verbose]
+    return [*portable, *incs, *verbose, *_split_options(arch, portable, compile_threads())]
 
 
 # --------------------------------------------------------------------------- ptxas report

@@ -123,14 +123,19 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise _Interrupted(signum)
 
 
-def _worker(tasks: Any, results: Any) -> None:
+def _worker(tasks: Any, results: Any, threads: int) -> None:
     """A compile worker: takes (index, job args) until None; reports ("start", i, pid) then ("done", i, result).
+    Its compiles use `threads` ptxas threads (PYKERN_COMPILE_THREADS in its own environment): the workers
+    share the CPUs instead of each taking all of them.
 
     SIGINT is ignored here: a terminal's Ctrl-C reaches the whole process group, and the parent decides
     (it terminates the workers and cleans up after them). SIGTERM keeps its default: die at once, even
     inside NVRTC.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .compiler import THREADS_ENV
+
+    os.environ[THREADS_ENV] = str(threads)
     while True:
         item = tasks.get()
         if item is None:
@@ -144,14 +149,15 @@ class _Workers:
     """N spawned worker processes over a task queue: unlike a ProcessPoolExecutor, which waits for every
     queued job on exit, these can be stopped mid-compile (terminate) and cleaned up after by pid."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, threads: int = 1) -> None:
         import multiprocessing
 
         # spawn: a forked child would inherit whatever NVRTC/driver state the parent has loaded.
         ctx = multiprocessing.get_context("spawn")
         self.tasks = ctx.Queue()
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(self.tasks, self.results), daemon=True) for _ in range(n)]
+        self.procs = [ctx.Process(target=_worker, args=(self.tasks, self.results, threads), daemon=True)
+                      for _ in range(n)]
         for p in self.procs:
             p.start()
 
@@ -211,6 +217,12 @@ class _Workers:
         cache.remove_leftovers(root, [p.pid for p in self.procs if p.pid is not None])
 
 
+def _default_jobs() -> int:
+    from .compiler import available_cpus
+
+    return available_cpus()
+
+
 def _parse_define(text: str) -> tuple[str, str | None]:
     name, sep, value = text.partition("=")
     return name, (value if sep else None)
@@ -247,10 +259,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernels", metavar="GLOB", action="append",
                     help="only sources defining a kernel whose name matches GLOB (fnmatch, repeatable); "
                          "the table lists only matching kernels (--host: only those sources are built)")
-    ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, metavar="N",
+    ap.add_argument("--jobs", "-j", type=int, default=_default_jobs(), metavar="N",
                     help="worker processes for the NVRTC compiles, and C++ compilers at a time for --host "
-                         "(default: CPU count, %(default)s here); 1 compiles in this process, where a signal "
-                         "waits for the compile in progress")
+                         "(default: the CPUs this process may use, %(default)s here); 1 compiles in this "
+                         "process, where a signal waits for the compile in progress. Each of the W compiles "
+                         "running at once gives ptxas CPUs / W threads (at least 1; PYKERN_COMPILE_THREADS "
+                         "sets the count per compile instead)")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--cache-dir", metavar="DIR",
                        help="cache folder to fill (default: PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, "
@@ -359,6 +373,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             raise ArgumentError(f"--arch: expected at least one arch, got {args.arch!r}")
         if args.jobs < 1:
             raise ArgumentError(f"--jobs: expected >= 1, got {args.jobs}")
+        compiler.compile_threads()  # a bad PYKERN_COMPILE_THREADS is a usage error, found before any compile
         defines = dict(_parse_define(d) for d in args.define) or None
         options = tuple(args.option)
         for arch in archs:  # a bad --option/--define is a usage error, not one failure per source
@@ -430,6 +445,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                   "would be lost. Set PYKERN_CACHE_DIR or --cache-dir to a writable folder", file=err)
             return 1
         n_workers = min(args.jobs, len(misses))
+        # The CPUs are shared out among the compiles that run at once, not handed to each in full: W
+        # workers with all-CPU ptxas splits would oversubscribe the machine W times.
+        threads = compiler.compile_threads(share=n_workers)
         try:
             if n_workers == 1:
                 # In this process (no start-up cost; what --jobs 1 is for). A signal lands between two
@@ -440,7 +458,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
                     report(r)
             else:
-                pool = _Workers(n_workers)
+                pool = _Workers(n_workers, threads)
                 try:
                     todo = [(str(src), arch, options, defines, str(root)) for src, arch in misses]
                     for i, (mod, e, secs) in pool.run(todo, on_start=lambda i: announce(*misses[i])):

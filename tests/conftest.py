@@ -7,6 +7,9 @@ from pathlib import Path
 # One cache for the whole run (shared by xdist workers: the cache is safe under
 # concurrent processes), kept out of the user's own cache.
 os.environ.setdefault("PYKERN_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".cache" / "pykern-test"))
+# The suite already runs one compile per CPU (xdist workers, test_compiler's pool of real compiles): a ptxas split
+# over every CPU in each of them would oversubscribe the machine. The tests of the split set their own count.
+os.environ.setdefault("PYKERN_COMPILE_THREADS", "1")
 
 import sys
 

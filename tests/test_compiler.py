@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -371,3 +372,87 @@ def test_the_suite_compiles_project_sources_through_the_cache():
                 if "kernels_cu" in arg or "KERNELS_DIR" in arg:
                     bad.append(f"{p.name}:{node.lineno}: {arg}")
     assert not bad, bad
+
+
+# --------------------------------------------------------------------------- ptxas's split compile (threads)
+
+SM90_WRAPPERS = Path(__file__).parent / "sm90_cu" / "pk_sm90_wrappers.cu"
+
+
+def _split(options) -> list[str]:
+    """The ptxas split options among a compile's options: ["-Xptxas", "--split-compile=N"] or []."""
+    opts = list(options)
+    return [o for i, o in enumerate(opts) if "split-compile" in o or (o == "-Xptxas" and i + 1 < len(opts)
+                                                                      and "split-compile" in opts[i + 1])]
+
+
+def test_split_compile_reaches_nvrtc_with_the_env_count(monkeypatch):
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "3")
+    m = compiler.compile(BASIC, "sm_80")
+    assert _split(m.options) == ["-Xptxas", "--split-compile=3"]
+    assert "--split-compile=3" not in compiler.portable_options("sm_80")  # never in what the key hashes
+    # NVRTC's own -split-compile (the NVVM optimizer's) is never passed: it changes the PTX and the SASS.
+    assert not any(o.startswith("-split-compile") for o in m.options)
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "1")
+    one = compiler.compile(BASIC, "sm_80")
+    assert _split(one.options) == [] and one.resources == m.resources
+
+
+def test_split_compile_defaults_to_the_cpus_this_process_may_use(monkeypatch):
+    monkeypatch.delenv("PYKERN_COMPILE_THREADS", raising=False)
+    monkeypatch.setattr(compiler, "available_cpus", lambda: 6)
+    assert compiler.compile_threads() == 6
+    assert compiler.compile_threads(share=2) == 3 and compiler.compile_threads(share=4) == 1
+    assert compiler.compile_threads(share=100) == 1  # never 0
+    assert compiler._split_options("sm_90a", [], 6) == ["-Xptxas", "--split-compile=6"]
+    assert compiler._split_options("compute_90", [], 6) == []  # PTX: no ptxas runs
+    # A caller's own split option (in `options`, so in the key) is kept as it is, and none is added.
+    assert compiler._split_options("sm_90a", ["-Xptxas", "--split-compile=2"], 6) == []
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", " 5 ")
+    assert compiler.compile_threads(share=4) == 5  # the variable is per compile: not divided
+    if hasattr(os, "sched_getaffinity"):
+        monkeypatch.undo()
+        assert compiler.available_cpus() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5", "5000"])
+def test_bad_compile_threads_errors_naming_the_variable(monkeypatch, bad):
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", bad)
+    with pytest.raises(ArgumentError, match=rf"PYKERN_COMPILE_THREADS: expected .*got '{bad}'"):
+        compiler.compile(BASIC, "sm_80")
+
+
+def test_split_compile_is_not_in_the_cache_key(tmp_path, monkeypatch):
+    from cache_helpers import private_sources
+
+    from pykern import cache
+
+    src = private_sources(tmp_path, monkeypatch) / "pkt_basic.cu"
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "1")
+    first = cache.get_module(src, "sm_80", use_bundle=False, jit=True)
+    monkeypatch.setattr(cache, "_memory", {})
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "8")
+    again = cache.get_module(src, "sm_80", use_bundle=False, jit=False)  # jit=False: a miss would raise
+    assert again.hit and again.origin == "cache" and again.digest == first.digest
+    assert _split(again.options) == []
+
+
+def test_split_compile_keeps_sass_and_resources(monkeypatch):
+    # ptxas translates functions on several threads; what it emits for each must not change. Only the
+    # option line ptxas records in the cubin (.note.nv.tkinfo) differs, so the bytes are not compared.
+    from sass_helpers import guard, report
+
+    def sass_per_kernel(image: bytes) -> dict[str, str]:
+        text = report().disassemble(image)
+        parts = re.split(r"^\s*Function : (\S+)\s*$", text, flags=re.M)
+        return dict(zip(parts[1::2], parts[2::2]))
+
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "1")
+    one = compiler.compile(SM90_WRAPPERS, "sm_90a")
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "4")
+    four = compiler.compile(SM90_WRAPPERS, "sm_90a")
+    assert "--split-compile=4" in four.options and one.ptx == four.ptx
+    assert one.resources == four.resources and len(one.resources) >= 3
+    a, b = guard(lambda: sass_per_kernel(one.image)), sass_per_kernel(four.image)
+    assert set(a) == set(one.resources) and a == b
+    assert b"-split-compile 4" in four.image and b"-split-compile" not in one.image

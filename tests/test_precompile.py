@@ -29,8 +29,13 @@ def _run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProce
 def test_help_tells_the_truth():
     out = _run("--help")
     assert out.returncode == 0
-    for flag in ("--arch", "--kernels", "--jobs", "--cache-dir", "--out", "--json", "compute_XX", "all", "--host"):
+    for flag in ("--arch", "--kernels", "--jobs", "--cache-dir", "--out", "--json", "compute_XX", "all", "--host",
+                 "PYKERN_COMPILE_THREADS"):
         assert flag in out.stdout
+    from pykern import compiler
+
+    # --jobs defaults to the CPUs this process may use, and says so with the number.
+    assert f"may use, {compiler.available_cpus()} here" in " ".join(out.stdout.split())
 
 
 def test_cold_run_in_parallel_then_all_hits(env, tmp_path):
@@ -197,3 +202,64 @@ def test_host_and_arch_together(env, tmp_path, capsys):
     assert list((tmp_path / "both" / "host").glob("pkt_other-*.so"))
     assert len(list(cache.iter_entries(tmp_path / "both"))) == 1
     assert not (tmp_path / "cache").exists()  # --cache-dir holds both kinds
+
+
+class _InlineWorkers:
+    """precompile._Workers without processes: records the ptxas threads each pool was given and compiles
+    in this process."""
+
+    made: list = []
+
+    def __init__(self, n: int, threads: int = 1) -> None:
+        self.made.append((n, threads))
+
+    def run(self, jobs, on_start=None):
+        for i, job in enumerate(jobs):
+            if on_start is not None:
+                on_start(i)
+            yield i, precompile._compile_job(*job)
+
+    def close(self, root) -> None:
+        pass
+
+
+def test_jobs_share_the_cpus_among_their_compiles(env, monkeypatch, capsys):
+    from pykern import compiler
+
+    monkeypatch.setattr(compiler, "available_cpus", lambda: 8)
+    monkeypatch.setattr(precompile, "_Workers", _InlineWorkers)
+    monkeypatch.setattr(_InlineWorkers, "made", [])
+    monkeypatch.delenv("PYKERN_COMPILE_THREADS", raising=False)
+    base = ["--kernels", "pkt_*", "--json"]
+    # 2 sources x 2 archs = 4 compiles, 3 at once: 8 CPUs / 3 = 2 ptxas threads each.
+    assert precompile.main([*base, "--arch", "sm_80,sm_86", "--jobs", "3"]) == 0
+    # More jobs than compiles: only 2 workers start, and they get 4 threads each.
+    assert precompile.main([*base, "--arch", "sm_89", "--jobs", "16"]) == 0
+    assert _InlineWorkers.made == [(3, 2), (2, 4)]
+    capsys.readouterr()
+
+
+def test_a_worker_compiles_with_its_share_of_threads(monkeypatch):
+    import queue
+    import signal
+
+    from pykern import compiler
+
+    seen = []
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the worker ignores SIGINT; pytest keeps its own
+    monkeypatch.setattr(precompile, "_compile_job",
+                        lambda *job: seen.append(compiler.compile_threads()) or (None, "", 0.0))
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "1")  # restored after the test: _worker sets it
+    tasks, results = queue.Queue(), queue.Queue()
+    for item in ((0, ("a.cu", "sm_80", (), None, "/nonexistent")), None):
+        tasks.put(item)
+    precompile._worker(tasks, results, 3)
+    assert seen == [3] and os.environ["PYKERN_COMPILE_THREADS"] == "3"
+
+
+def test_bad_compile_threads_is_a_usage_error(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYKERN_COMPILE_THREADS", "lots")
+    assert precompile.main(["--arch", "sm_80", "--kernels", "pkt_*", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "precompile: PYKERN_COMPILE_THREADS: expected an integer" in err and "'lots'" in err
+    assert not (tmp_path / "cache").exists()
