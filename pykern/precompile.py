@@ -263,7 +263,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="worker processes for the NVRTC compiles, and C++ compilers at a time for --host "
                          "(default: the CPUs this process may use, %(default)s here); 1 compiles in this "
                          "process, where a signal waits for the compile in progress. Each of the W compiles "
-                         "running at once gives ptxas CPUs / W threads (at least 1; PYKERN_COMPILE_THREADS "
+                         "running at once gives ptxas CPUs / W threads (at least 1, at most 8; PYKERN_COMPILE_THREADS "
                          "sets the count per compile instead)")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--cache-dir", metavar="DIR",

@@ -404,6 +404,9 @@ def test_split_compile_defaults_to_the_cpus_this_process_may_use(monkeypatch):
     assert compiler.compile_threads() == 6
     assert compiler.compile_threads(share=2) == 3 and compiler.compile_threads(share=4) == 1
     assert compiler.compile_threads(share=100) == 1  # never 0
+    monkeypatch.setattr(compiler, "available_cpus", lambda: 64)  # a large host: the default stops at 8 (memory)
+    assert compiler.compile_threads() == compiler.DEFAULT_MAX_THREADS == 8 and compiler.compile_threads(share=16) == 4
+    monkeypatch.setattr(compiler, "available_cpus", lambda: 6)
     assert compiler._split_options("sm_90a", [], 6) == ["-Xptxas", "--split-compile=6"]
     assert compiler._split_options("compute_90", [], 6) == []  # PTX: no ptxas runs
     # A caller's own split option (in `options`, so in the key) is kept as it is, and none is added.
