@@ -942,9 +942,11 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
             if (split && !sp_split_last<T, VEC>(n, b, S, seed_arr, offset_arr, a, ws, tickets, S, t, cb, ce, run0))
                 return;
         }
-        // top-p's M: the mass over the whole row (top-k-first without an active k: over the min-p floor's set)
-        M = (P && lo != 1u && !(a.flags & SPF_TOP_K_FIRST)) ? sp_row_mass<T, VEC, AH, MODE>(row, n, 0, nc, 1u, r, s)
-                                                             : S;
+        // top-p's M: the mass over the whole row (top-k-first without an active k: over the min-p floor's set).
+        // Only min-p raises lo here, and logits have no min-p (lo = 1): their kernels keep no copy of this read.
+        M = (MODE == SPM_PROBS && P && lo != 1u && !(a.flags & SPF_TOP_K_FIRST))
+                ? sp_row_mass<T, VEC, AH, MODE>(row, n, 0, nc, 1u, r, s)
+                : S;
     }
     if (!split) t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // in [0, S)
     // top-k / top-p: the rejection rounds after this draw; none: the draw is the token
