@@ -1,7 +1,7 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
 // (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
 // masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
-// the speculative kernel), except the draws, whose rows may be split over gridDim.y CTAs (sp_sample_split; top-k then
+// the speculative kernel), except the draws, whose rows may be split over gridDim.y CTAs (sp_split_last; top-k then
 // top-p keeps one); top-k / top-p draw by rejection rounds with two pivots (sp_reject), the renorm / mask ops and
 // top-k-first's top-k by radix selects; pykern/ops/sampling.py documents the user-facing contract.
 //
@@ -431,11 +431,12 @@ __device__ __forceinline__ unsigned long long sp_lane_mass(const float* f, long 
     return own;
 }
 
-// Mass of the entries with key >= lo.
+// Mass of the entries with key >= lo in the chunks c0 <= c < c1 (the whole row: 0, sp_chunks(n)).
 template <typename T, int VEC, int AH, int MODE>
-__device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned int lo, const SpRow& r, SpShared& s) {
+__device__ unsigned long long sp_row_mass(const T* row, long long n, long long c0, long long c1, unsigned int lo,
+                                          const SpRow& r, SpShared& s) {
     unsigned long long acc = 0ull;
-    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
+    sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long, long long i, const float* f) {
         acc += sp_lane_mass<VEC, MODE>(f, i, n, lo, r);
         return false;
     });
@@ -609,7 +610,7 @@ __device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, lo
 // summed: the row is one window and its segment sums are in s.hist already (sp_row_mass_segments), so the draw
 // reads only the segment that holds it.
 // The walk covers the chunks cb <= c < ce, run0 the kept mass of the chunks before cb (a split row's last CTA walks
-// the one CTA range that holds the draw: sp_sample_split).
+// the one CTA range that holds the draw: sp_split_last).
 template <typename T, int VEC, int AH, int MODE>
 __device__ int sp_find_draw(const T* row, long long n, unsigned int lo, const SpRow& r, unsigned long long t,
                             bool summed, SpShared& s, long long cb, long long ce, unsigned long long run0) {
@@ -780,21 +781,27 @@ __device__ SpPivots sp_count_pivots(const T* row, long long n, unsigned int k0, 
 // renormalized mass whatever came before: the token follows the filtered distribution (in the fixed point) exactly.
 // Bounded: every rejected round leaves at most about half of [key0 + 1, hi] (34 draws at most over 32-bit keys);
 // once lo = hi = T every draw is kept. Reads a round: the draw (one warp segment when summed, else the row up to
-// the draw) and at most one full read. x >= 0: round 0's draw is made already (a split row's last CTA).
+// the draw) and at most one full read. Round 0 draws t (the caller's, from the word of round 0) over the chunks
+// cb <= c < ce after their kept mass run0 (a split row's last CTA: the one range that holds it; else the whole row);
+// without filters (kc = target = ~0) that draw is the token. Every draw of sp_sample_row is made here: one inlined
+// copy of the draw's and the count's row walks a kernel instance, where a call site each took four and two.
 template <typename T, int VEC, int AH, int MODE>
 __device__ int sp_reject(const T* row, long long n, int b, const SpRow& r, unsigned int lo, unsigned long long S,
-                         unsigned long long kc, unsigned long long target, bool summed, int x,
+                         unsigned long long kc, unsigned long long target, bool summed, unsigned long long t,
+                         long long cb, long long ce, unsigned long long run0,
                          unsigned long long* __restrict__ hist2, const unsigned int* __restrict__ seed_arr,
                          const unsigned int* __restrict__ offset_arr, const SpArgs& a, SpShared& s) {
     const long long nc = sp_chunks<T, VEC>(n);
     const bool seg = nc <= SP_WIN;
     unsigned int hi = r.mkey;
     for (unsigned int round = 0u;; ++round) {
-        if (x < 0) {
-            const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a, round));  // < S
-            x = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, summed, s, 0, nc, 0ull);
-            if (x < 0) return -1;  // never: S > 0 is the mass of a superset of the kept set
-        }
+        if (round) t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a, round));  // < S
+        const int x = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, summed, s, cb, ce, run0);
+        // x < 0 never: S > 0 is the mass of a superset of the kept set
+        if (x < 0 || (kc == ~0ull && target == ~0ull)) return x;
+        cb = 0;
+        ce = nc;
+        run0 = 0ull;
         const unsigned int key0 = sp_key<MODE>(PkIO<T>::load(row, x));  // every thread the same entry
         if (key0 >= hi) return x;
         unsigned int key1 = key0 + 1u + ((hi - key0 - 1u) >> 1);
@@ -814,7 +821,6 @@ __device__ int sp_reject(const T* row, long long n, int b, const SpRow& r, unsig
             if (seg) for (int i = threadIdx.x; i < (int)nc * SP_NW; i += SP_NT) s.hist[i] = hist2[i];
         }
         summed = seg;
-        x = -1;
     }
 }
 
@@ -835,31 +841,20 @@ __device__ __forceinline__ void sp_filters(int b, long long n, const int* __rest
 // ticket (tickets[b], an acq_rel inc as decode_tc.cu's split epilogue, which wraps the last one back to 0, so the
 // counters stay zeroed from launch to launch whatever C and the batch are) adds them up in range
 // order, draws t = floor(r * S / 2^32) as a one-CTA row does, and walks only the range whose prefix holds t
-// (sp_find_draw, from the mass before it). The token is the first kept index whose inclusive prefix exceeds t: a
+// (sp_reject's round 0, from the mass before it). The token is the first kept index whose inclusive prefix exceeds t: a
 // function of (the row, the parameters, the Philox word) alone, the same for every C and whichever CTA finishes last.
 // Reads: the row twice (max, whole in every CTA but from L2 after the first; the masses, split) and the drawn range
 // (about n / C entries) once more.
-template <typename T, int VEC, int AH, int MODE>
-__device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, int* __restrict__ out,
-                                unsigned char* __restrict__ valid, unsigned long long kc, unsigned int P,
-                                const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
-                                const SpArgs& a, unsigned long long* __restrict__ ws,
-                                unsigned int* __restrict__ tickets, unsigned long long* __restrict__ hist2, SpRow& r,
-                                SpShared& s) {
+// sp_split_last: a split CTA's part after its S_j (own) is summed; false for every CTA but the row's last, which gets
+// S, t and the draw's chunk range [cb, ce) with the mass run0 before it.
+template <typename T, int VEC>
+__device__ bool sp_split_last(long long n, int b, unsigned long long own, const unsigned int* __restrict__ seed_arr,
+                              const unsigned int* __restrict__ offset_arr, const SpArgs& a,
+                              unsigned long long* __restrict__ ws, unsigned int* __restrict__ tickets,
+                              unsigned long long& S, unsigned long long& t, long long& cb, long long& ce,
+                              unsigned long long& run0) {
     const int C = (int)gridDim.y, j = (int)blockIdx.y;
-    sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
-    if (r.mkey == 0u) {  // every CTA of the row knows it: none takes a ticket
-        if (j == 0 && threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
-        return;
-    }
-    const unsigned int lo = r.lo;
     const long long nc = sp_chunks<T, VEC>(n);
-    unsigned long long acc = 0ull;
-    sp_for_chunks<T, VEC, AH>(row, n, nc * j / C, nc * (j + 1) / C, [&](long long, long long i, const float* f) {
-        acc += sp_lane_mass<VEC, MODE>(f, i, n, lo, r);
-        return false;
-    });
-    const unsigned long long own = sp_block_sum(acc, s);
     unsigned long long* part = ws + (long long)b * C;
     // Release: thread 0 stores the partial, then takes the ticket with an atom.acq_rel.gpu inc (its release part
     // publishes the store before the new count). Acquire: the last ticket's RMW read the count the other CTAs' release RMWs wrote, so their
@@ -869,16 +864,16 @@ __device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, i
     const int last = __syncthreads_or(threadIdx.x == 0 &&
         pk_atom_inc_acq_rel_gpu(tickets + b, (unsigned int)(C - 1)) ==
             (unsigned int)(C - 1));
-    if (!last) return;
+    if (!last) return false;
     // every thread sums the C partials in range order (exact integers) and finds the range that holds the draw
     auto partial = [&](int q) {  // two strong 32-bit loads (little-endian words)
         const float* w = reinterpret_cast<const float*>(part + q);
         return (unsigned long long)__float_as_uint(pk_ld_relaxed_gpu(w)) |
                ((unsigned long long)__float_as_uint(pk_ld_relaxed_gpu(w + 1)) << 32);
     };
-    unsigned long long S = 0ull;
+    S = 0ull;
     for (int q = 0; q < C; ++q) S += partial(q);
-    const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // < S: S >= max's mass
+    t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // < S: S >= max's mass
     unsigned long long before = 0ull;
     int q = 0;
     for (; q < C - 1; ++q) {
@@ -886,16 +881,10 @@ __device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, i
         if (before + h > t) break;
         before += h;
     }
-    int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, false, s, nc * q / C, nc * (q + 1) / C, before);
-    if (found >= 0 && (kc != ~0ull || P)) {
-        // top-k / top-p: this draw is the rejection's round 0 (a one-CTA row's too); the last CTA runs the rounds
-        // after it. top-p's M is the mass over the whole row (a joint filter beside min-p: one more read).
-        const unsigned long long M = (r.lo == 1u || (a.flags & SPF_TOP_K_FIRST)) ? S
-                                     : sp_row_mass<T, VEC, AH, MODE>(row, n, 1u, r, s);
-        found = sp_reject<T, VEC, AH, MODE>(row, n, b, r, lo, S, kc, P ? sp_target(M, P) : ~0ull, false, found,
-                                            hist2, seed_arr, offset_arr, a, s);
-    }
-    if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
+    cb = nc * q / C;
+    ce = nc * (q + 1) / C;
+    run0 = before;
+    return true;
 }
 
 // MODE: SPM_PROBS (sampling_from_probs) or SPM_LOGITS (sampling_from_logits: the same filters and draw over the
@@ -920,45 +909,55 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     sp_filters(b, n, top_k_arr, top_p_arr, a, kc, P);
     // top-k first, then top-p over the top-k set: the top-k radix select first (one CTA)
     const bool kfirst = kc != ~0ull && P && (a.flags & SPF_TOP_K_FIRST);
-    if (gridDim.y > 1) {  // a split row (the host splits no top-k-first row; should one come, its CTA 0 takes it)
-        if (!kfirst) {
-            sp_sample_split<T, VEC, AH, MODE>(row, n, b, out, valid, kc, P, seed_arr, offset_arr, a, ws, tickets,
-                                              hist2, r, s);
-            return;
-        }
-        if (blockIdx.y) return;
-    }
+    // a split row (sp_split_last; the host splits no top-k-first row: should one come, its CTA 0 takes it)
+    const int C = (int)gridDim.y, j = (int)blockIdx.y;
+    if (C > 1 && kfirst && j) return;
     const long long nc = sp_chunks<T, VEC>(n);
-    unsigned long long S, M;
-    bool summed = false;
+    unsigned long long S = 0ull, M;
+    // Probabilities: a split row's maximum pass has its own call site, and `split` is set after it, so no flag of the
+    // path is live across either copy of the pass: with one call site and the flag live, ptxas saved predicates to
+    // registers (P2R) inside it, 300 instructions a 32-entry bf16 step on sm_80 (285 sm_90) against 267 (250) now.
+    // Logits: their pass (836) loses nothing to the flag, so they keep one call site.
+    bool split = MODE != SPM_PROBS && C > 1 && !kfirst;
     if (kfirst) {  // the row maximum rides along with the select's first pass; r.kept: the top-k set's mass
         sp_radix_select<T, VEC, AH, MODE, true>(row, n, 0u, false, kc, r, s);
         S = M = r.kept;
         kc = ~0ull;  // the draws stay in the top-k set (lo = its floor)
+    } else if (MODE == SPM_PROBS && C > 1) {  // every CTA of a split row finds the maximum over the whole row
+        sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
+        split = true;
     } else {
         sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
-        S = M = 0ull;
     }
     if (r.mkey == 0u) {  // no mass at all, or an entry that is no number of the row's kind (r.bad): no token
-        if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
+        // every CTA of a split row knows it: none takes a ticket
+        if (j == 0 && threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
         return;
     }
     const unsigned int lo = r.lo;
+    unsigned long long t = 0ull, run0 = 0ull;  // the draw's t, and the kept mass of the chunks before cb
+    long long cb = 0, ce = nc;                   // the chunks that hold the draw
+    bool summed = false;
     if (!kfirst) {  // S >= the maximum's mass > 0; a row of one window keeps its segment sums for the draw
-        summed = nc <= SP_WIN;
-        S = summed ? sp_row_mass_segments<T, VEC, AH, MODE>(row, n, lo, r, s)
-                   : sp_row_mass<T, VEC, AH, MODE>(row, n, lo, r, s);
-        // top-p's M: the mass over the whole row (top-k-first without an active k: over the min-p floor's set)
-        M = (P && lo != 1u && !(a.flags & SPF_TOP_K_FIRST)) ? sp_row_mass<T, VEC, AH, MODE>(row, n, 1u, r, s) : S;
+        summed = !split && nc <= SP_WIN;
+        if (summed) {
+            S = sp_row_mass_segments<T, VEC, AH, MODE>(row, n, lo, r, s);
+        } else {  // a split CTA: the kept mass of its own chunks
+            S = sp_row_mass<T, VEC, AH, MODE>(row, n, split ? nc * j / C : 0, split ? nc * (j + 1) / C : nc, lo, r,
+                                              s);
+            if (split && !sp_split_last<T, VEC>(n, b, S, seed_arr, offset_arr, a, ws, tickets, S, t, cb, ce, run0))
+                return;
+        }
+        // top-p's M: the mass over the whole row (top-k-first without an active k: over the min-p floor's set).
+        // Only min-p raises lo here, and logits have no min-p (lo = 1): their kernels keep no copy of this read.
+        M = (MODE == SPM_PROBS && P && lo != 1u && !(a.flags & SPF_TOP_K_FIRST))
+                ? sp_row_mass<T, VEC, AH, MODE>(row, n, 0, nc, 1u, r, s)
+                : S;
     }
-    int found;
-    if (kc != ~0ull || P) {
-        found = sp_reject<T, VEC, AH, MODE>(row, n, b, r, lo, S, kc, P ? sp_target(M, P) : ~0ull, summed, -1, hist2,
-                                            seed_arr, offset_arr, a, s);
-    } else {
-        const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // in [0, S)
-        found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, summed, s, 0, nc, 0ull);
-    }
+    if (!split) t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // in [0, S)
+    // top-k / top-p: the rejection rounds after this draw; none: the draw is the token
+    const int found = sp_reject<T, VEC, AH, MODE>(row, n, b, r, lo, S, kc, P ? sp_target(M, P) : ~0ull, summed, t,
+                                                  cb, ce, run0, hist2, seed_arr, offset_arr, a, s);
     if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
@@ -1124,7 +1123,7 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
                 sp_radix_select<T, VEC, AH, SPM_PROBS, false>(row, n, 1u, true, P, r, s);
                 lo = r.lo;
             } else {
-                r.kept = sp_row_mass<T, VEC, AH, SPM_PROBS>(row, n, 1u, r, s);
+                r.kept = sp_row_mass<T, VEC, AH, SPM_PROBS>(row, n, 0, sp_chunks<T, VEC>(n), 1u, r, s);
             }
         }
     }

@@ -1,4 +1,4 @@
-"""Rows split over several CTAs (kernels_cu/sampling.cu, sp_sample_split): plain, min-p and from-logits draws (and the
+"""Rows split over several CTAs (kernels_cu/sampling.cu, sp_split_last): plain, min-p and from-logits draws (and the
 top-k / top-p rejection rounds, tests/test_sampling_reject.py) give the same tokens for 1, 2 and 7 CTAs a row as the one-thread NumPy rule, under the host backend's forward, reverse,
 random and interleaved block orders and under racecheck and initcheck (the partials and the ticket are ordered by an
 acquire-release atomic increment), and the SASS keeps that ticket and the strong loads of the partials."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """A modelled bound (not a measurement) of the sampling kernels' time at vocab 128256, fp32, batch 1 / 64 / 256 on an
 H200 (4.8 TB/s HBM, 132 SMs, 1.98 GHz), one CTA a row (before) and rows split over several CTAs (after:
-kernels_cu/sampling.cu, sp_sample_split; `ctas_per_row`'s default). Top-k / top-p: the radix selects (before) beside
+kernels_cu/sampling.cu, sp_split_last; `ctas_per_row`'s default). Top-k / top-p: the radix selects (before) beside
 the rejection rounds with two pivots (after: sp_reject), their rounds from the NumPy rule on a Zipf-like row
 (reject_reads and rule_rounds give the reads a row).
 

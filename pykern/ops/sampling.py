@@ -335,7 +335,7 @@ def _valid_out(valid: Any, batch: int, like: Any) -> Any:
     return arrays.check_out(valid, (batch,), "uint8", like, "valid")
 
 
-MAX_CTAS_PER_ROW = 16  # a split row's CTAs at most (sp_sample_split): 16 x 512 threads keep ~4 chunks each at 128k
+MAX_CTAS_PER_ROW = 16  # a split row's CTAs at most (sp_split_last): 16 x 512 threads keep ~4 chunks each at 128k
 
 
 def _sm_count(backend: str | None, like: Any) -> int:

@@ -222,7 +222,7 @@ def _sampling(cuda: Any) -> Any:
     @cuda.jit
     def k(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
           top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets):
-        # ws, tickets: the split rows' partials and ticket counters (kernels_cu/sampling.cu, sp_sample_split): one
+        # ws, tickets: the split rows' partials and ticket counters (kernels_cu/sampling.cu, sp_split_last): one
         # thread a row here, whose token is the split kernel's for any number of CTAs a row
         b = cuda.grid(1)
         if b >= out.shape[0]:

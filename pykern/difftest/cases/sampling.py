@@ -423,7 +423,7 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
     args = [params[k] for k in ("top_k", "top_p", "min_p") if k in params]
     order = params.get("filter_apply_order", "top_k_first")
     extra = {"filter_apply_order": order} if op == "top_k_top_p_sampling_from_probs" else {}
-    if ctas is not None:  # rows split over that many CTAs (sp_sample_split): the reference's tokens all the same
+    if ctas is not None:  # rows split over that many CTAs (sp_split_last): the reference's tokens all the same
         extra["ctas_per_row"] = ctas
 
     def run(backend: str) -> dict[str, Any]:
@@ -695,7 +695,7 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _softmax_case(rng, kind, 3, 37)
         yield _softmax_case(rng, kind, 3, 64, temperature=np.array([0.5, 1.0, 4.0], np.float32))
         yield _speculative_case(rng, kind, 4, 4, 64, close=0.9, per_row_seed=True)
-        # rows split over 2 and 7 CTAs (sp_sample_split): 9000 entries are 5 chunks of 16-byte loads in f32, 3 in
+        # rows split over 2 and 7 CTAs (sp_split_last): 9000 entries are 5 chunks of 16-byte loads in f32, 3 in
         # bf16 / f16 (7 CTAs: some own no chunk); 37 is the one-element path; a NaN / +inf row takes no ticket
         yield _sampling_case(rng, "sampling_from_probs", kind, 3, 9000, ctas=2)
         yield _sampling_case(rng, "sampling_from_probs", kind, 4, 9000, ctas=7, poison=(float("nan"),))
