@@ -86,7 +86,7 @@
 #define FA90F8_OVL(D) (FA90F8_MF(D))
 #endif
 // FEX(D, SC): of every 4 n-tiles (8 keys each) of a steady tile, how many take their exp2 on the FMA pipe
-// (pk_exp2_fma, fa90f8_exp2) instead of MUFU.EX2. QGMMA runs at twice the bf16 rate, so the MUFU binds sooner than
+// (pk_exp2_fma, pk_attn_exp2) instead of MUFU.EX2. QGMMA runs at twice the bf16 rate, so the MUFU binds sooner than
 // in the bf16 kernel. The attention model's FP8 rows (python -m pykern.bench --attention-model --fp8: modelled
 // bounds on H100's sm_90a part from this file's SASS, random scores; d64 16384 keys, not causal): d64 is
 // issue-bound with every exp2 on MUFU (issue 2384 us, MUFU 2313, tensor 1146; 554 instructions a tile), so an
@@ -261,14 +261,6 @@ __device__ __forceinline__ void fa90f8_rescale_o(float (&o)[D / 2], float (&l)[2
     }
 }
 
-// 2^x of a score of n-tile j (8 keys) of a steady tile: on the FMA pipe (pk_exp2_fma) where j % 4 < FEX
-// (FA90F8_FEX), else MUFU.EX2 (j is a constant once the loops unroll). x <= FA90F8_OFF here (the row max first), so
-// pk_exp2_fma's clamp to [-127, 127] never bites from above (it would give 2^127 for x >= 127, as the bf16 kernel's).
-template <int FEX>
-__device__ __forceinline__ float fa90f8_exp2(int j, float x) {
-    return j % 4 < FEX ? pk_exp2_fma(x) : pk_ex2_approx(x);
-}
-
 // The row-max-first softmax of a steady tile (FA90F8_MF(D)): the scores scaled to log2 units in place (before the
 // max, as a descale may be negative), the row max over the quad, O and l rescaled only where a row of the warp grew
 // (a warp-uniform branch, taken at the rate the lazy softmax redoes a tile), P = 2^(s - m + FA90F8_OFF) from the
@@ -292,10 +284,10 @@ __device__ __forceinline__ void fa90f8_softmax_mf(float (&s)[FA90F8_BC(D) / 2], 
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; j += 2) {
-            const float p0 = fa90f8_exp2<FEX>(j, s[4 * j + 2 * r] - base);
-            const float p1 = fa90f8_exp2<FEX>(j, s[4 * j + 2 * r + 1] - base);
-            const float p2 = fa90f8_exp2<FEX>(j + 1, s[4 * j + 4 + 2 * r] - base);
-            const float p3 = fa90f8_exp2<FEX>(j + 1, s[4 * j + 5 + 2 * r] - base);
+            const float p0 = pk_attn_exp2<FEX>(j, s[4 * j + 2 * r] - base);
+            const float p1 = pk_attn_exp2<FEX>(j, s[4 * j + 2 * r + 1] - base);
+            const float p2 = pk_attn_exp2<FEX>(j + 1, s[4 * j + 4 + 2 * r] - base);
+            const float p3 = pk_attn_exp2<FEX>(j + 1, s[4 * j + 5 + 2 * r] - base);
             sum += (p0 + p1) + (p2 + p3);
             fa90f8_put(pa, j, r, p0, p1, p2, p3);
         }
@@ -329,8 +321,8 @@ __device__ __forceinline__ bool fa90f8_softmax_mf_p(float (&s)[FA90F8_BC(D) / 2]
             float& p1 = s[4 * j + 2 * r + 1];
             float& p2 = s[4 * j + 4 + 2 * r];
             float& p3 = s[4 * j + 5 + 2 * r];
-            p0 = fa90f8_exp2<FEX>(j, p0 - base), p1 = fa90f8_exp2<FEX>(j, p1 - base);
-            p2 = fa90f8_exp2<FEX>(j + 1, p2 - base), p3 = fa90f8_exp2<FEX>(j + 1, p3 - base);
+            p0 = pk_attn_exp2<FEX>(j, p0 - base), p1 = pk_attn_exp2<FEX>(j, p1 - base);
+            p2 = pk_attn_exp2<FEX>(j + 1, p2 - base), p3 = pk_attn_exp2<FEX>(j + 1, p3 - base);
             acc += (p0 + p1) + (p2 + p3);
         }
         sum[r] = acc;

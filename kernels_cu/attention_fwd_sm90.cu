@@ -226,19 +226,12 @@ __device__ __forceinline__ bool fa90_lazy_sum_vote(const float (&m)[2], float (&
     return true;
 }
 
-// FEX (Fa90Fex): n-tiles j with j % 4 < FEX take pk_exp2_fma, the others MUFU.EX2 (j is a constant once the loops
-// unroll). pk_exp2_fma gives 2^127 for x >= 127 or NaN, so the check fails there as it does on inf / NaN.
-template <int FEX>
-__device__ __forceinline__ float fa90_exp2(int j, float x) {
-    return j % 4 < FEX ? pk_exp2_fma(x) : pk_ex2_approx(x);
-}
-
 template <typename T, int D, int BC, bool WG = false, int FEX = 0>
 __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
                                                   unsigned (&pa)[BC / 16][4], float sl2, unsigned bar = 0) {
     return fa90_lazy_sum_vote<BC, WG>(m, l, sl2, bar, [&](int j, int r, float base) {
-        const float p0 = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r], sl2, -base));
-        const float p1 = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+        const float p0 = pk_attn_exp2<FEX>(j, fmaf(s[4 * j + 2 * r], sl2, -base));
+        const float p1 = pk_attn_exp2<FEX>(j, fmaf(s[4 * j + 2 * r + 1], sl2, -base));
         pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
         return p0 + p1;
     });
@@ -282,8 +275,8 @@ template <int BC, bool WG = false, int FEX = 0>
 __device__ __forceinline__ bool fa90_softmax_lazy_ip(float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
                                                      float sl2, unsigned bar = 0) {
     return fa90_lazy_sum_vote<BC, WG>(m, l, sl2, bar, [&](int j, int r, float base) {
-        s[4 * j + 2 * r] = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r], sl2, -base));
-        s[4 * j + 2 * r + 1] = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+        s[4 * j + 2 * r] = pk_attn_exp2<FEX>(j, fmaf(s[4 * j + 2 * r], sl2, -base));
+        s[4 * j + 2 * r + 1] = pk_attn_exp2<FEX>(j, fmaf(s[4 * j + 2 * r + 1], sl2, -base));
         return s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
     });
 }

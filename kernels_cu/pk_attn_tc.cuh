@@ -67,6 +67,16 @@ template <int D> struct PkAttnBox {
     static_assert(D % 32 == 0, "PkAttnBox: a head dim of whole 32-column boxes");
 };
 
+// 2^x of a score in n-tile j (8 keys) of a steady-state tile, the sm_90a forwards' MUFU / FMA split
+// (attention_fwd_sm90.cu's Fa90Fex, attention_fwd_fp8_sm90.cu's FA90F8_FEX): n-tiles with j % 4 < FEX take
+// pk_exp2_fma, the others MUFU.EX2 (j is a constant once the loops unroll). pk_exp2_fma gives 2^127 for x >= 127
+// or NaN: the bf16 lazy softmax's check fails there as it does on inf / NaN; the FP8 row-max-first softmax has
+// x <= FA90F8_OFF.
+template <int FEX>
+__device__ __forceinline__ float pk_attn_exp2(int j, float x) {
+    return j % 4 < FEX ? pk_exp2_fma(x) : pk_ex2_approx(x);
+}
+
 // The staged O epilogue of the sm_90a forwards (FA3's; attention_fwd_sm90.cu, attention_fwd_fp8_sm90.cu): a
 // consumer warpgroup's 64 rows of O go through shared memory, in the layout of a TMA box of BX 16-bit columns
 // ([DV / BX][box rows][2 BX bytes], box_bytes a box; BX 64: 128B swizzle, the 16-byte unit XORed by row % 8; BX 32
